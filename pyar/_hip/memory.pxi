@@ -1,0 +1,220 @@
+# Device and pinned host memory; memset and copies.
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBUF_FORMAT
+
+
+cdef uintptr_t as_pointer(obj) except? 0:
+    """A device address from an int or from anything with an int ``.ptr``."""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if obj < 0:
+            raise ValueError(f"a device pointer cannot be negative: {obj}")
+        return obj
+    ptr = getattr(obj, "ptr", None)
+    if isinstance(ptr, int):
+        return ptr
+    raise TypeError(f"expected a device pointer (int or an object with .ptr), "
+                    f"not {type(obj).__name__}")
+
+
+cdef size_t checked_size(size, str what) except? 0:
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise TypeError(f"{what} must be an int, not {type(size).__name__}")
+    if size < 0:
+        raise ValueError(f"{what} must be >= 0, got {size}")
+    return size
+
+
+cdef class DeviceMemory:
+    """``size`` bytes of device memory on the current device, freed by
+    ``free()``, by the context manager, or when the object is collected.
+    ``uncached=True`` selects memory whose writes reach peers without cache
+    maintenance (AMD: hipDeviceMallocUncached; NVIDIA: ordinary memory)."""
+    cdef readonly uintptr_t ptr
+    cdef readonly size_t size
+    cdef readonly int device
+    cdef bint _owned
+
+    def __init__(self, size, uncached=False):
+        cdef size_t nbytes = checked_size(size, "size")
+        cdef void* ptr = NULL
+        cdef int device = 0
+        ensure_loaded()
+        check(pyar_rt.hipGetDevice(&device), "hipGetDevice")
+        if nbytes:
+            if uncached:
+                check(pyar_rt.hipExtMallocWithFlags(&ptr, nbytes, pyar_rt.signal_malloc_flags),
+                      "hipExtMallocWithFlags")
+            else:
+                check(pyar_rt.hipMalloc(&ptr, nbytes), "hipMalloc")
+        self.ptr = <uintptr_t>ptr
+        self.size = nbytes
+        self.device = device
+        self._owned = True
+
+    @property
+    def closed(self):
+        return not self._owned
+
+    def free(self):
+        """Release the memory now; later calls do nothing."""
+        cdef hipError_t status
+        cdef void* ptr = <void*>self.ptr
+        if not self._owned:
+            return
+        self._owned = False
+        self.ptr = 0
+        if ptr != NULL:
+            with nogil:
+                status = pyar_rt.hipFree(ptr)
+            check(status, "hipFree")
+
+    close = free
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __dealloc__(self):
+        if self._owned and self.ptr:
+            pyar_rt.hipFree(<void*>self.ptr)
+
+    def __repr__(self):
+        state = "freed" if not self._owned else f"{self.size} bytes at {self.ptr:#x}"
+        return f"<pyar.DeviceMemory {state} on device {self.device}>"
+
+
+cdef class PinnedMemory:
+    """Page-locked host memory (truly asynchronous copies); exposes the buffer
+    protocol, so ``numpy.frombuffer(m, dtype)`` views it."""
+    cdef readonly uintptr_t ptr
+    cdef readonly size_t size
+    cdef bint _owned
+    cdef Py_ssize_t _exports
+
+    def __init__(self, size):
+        cdef size_t nbytes = checked_size(size, "size")
+        cdef void* ptr = NULL
+        ensure_loaded()
+        check(pyar_rt.hipHostMalloc(&ptr, nbytes if nbytes else 1, PYAR_hipHostMallocDefault),
+              "hipHostMalloc")
+        self.ptr = <uintptr_t>ptr
+        self.size = nbytes
+        self._owned = True
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if not self._owned:
+            raise ValueError("pinned memory is freed")
+        view.buf = <void*>self.ptr
+        view.obj = self
+        view.len = self.size
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = NULL
+        if flags & PyBUF_FORMAT:
+            view.format = "B"
+        view.ndim = 1
+        view.shape = <Py_ssize_t*>&view.len
+        view.strides = &view.itemsize
+        view.suboffsets = NULL
+        view.internal = NULL
+        self._exports += 1
+
+    def __releasebuffer__(self, Py_buffer* view):
+        self._exports -= 1
+
+    def free(self):
+        if not self._owned:
+            return
+        if self._exports:
+            raise BufferError("pinned memory is still viewed by a buffer export")
+        self._owned = False
+        check(pyar_rt.hipHostFree(<void*>self.ptr), "hipHostFree")
+        self.ptr = 0
+
+    def __dealloc__(self):
+        if self._owned and self.ptr:
+            pyar_rt.hipHostFree(<void*>self.ptr)
+
+
+def memset(dst, int value, size, stream=None):
+    """Set ``size`` bytes at ``dst`` to ``value``; asynchronous when a stream is given."""
+    cdef void* ptr = <void*>as_pointer(dst)
+    cdef size_t nbytes = checked_size(size, "size")
+    cdef hipStream_t handle
+    ensure_loaded()
+    if not 0 <= value <= 255:
+        raise ValueError(f"memset value must be a byte (0..255), got {value}")
+    if stream is None:
+        check(pyar_rt.hipMemset(ptr, value, nbytes), "hipMemset")
+    else:
+        handle = stream_handle(stream)
+        check(pyar_rt.hipMemsetAsync(ptr, value, nbytes, handle), "hipMemsetAsync")
+
+
+cdef int copy(void* dst, const void* src, size_t nbytes, int kind, stream) except -1:
+    cdef hipError_t status
+    cdef hipStream_t handle
+    if nbytes == 0:
+        return 0
+    if stream is None:
+        with nogil:
+            status = pyar_rt.hipMemcpy(dst, src, nbytes, kind)
+        return check(status, "hipMemcpy")
+    handle = stream_handle(stream)
+    with nogil:
+        status = pyar_rt.hipMemcpyAsync(dst, src, nbytes, kind, handle)
+    return check(status, "hipMemcpyAsync")
+
+
+def memcpy_htod(dst, src, stream=None):
+    """Copy the bytes of the contiguous host buffer ``src`` to device address ``dst``."""
+    cdef Py_buffer view
+    cdef void* ptr = <void*>as_pointer(dst)
+    ensure_loaded()
+    PyObject_GetBuffer(src, &view, PyBUF_ANY_CONTIGUOUS)
+    try:
+        copy(ptr, view.buf, view.len, PYAR_hipMemcpyHostToDevice, stream)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def memcpy_dtoh(dst, src, stream=None):
+    """Fill the writable contiguous host buffer ``dst`` from device address ``src``."""
+    cdef Py_buffer view
+    cdef const void* ptr = <const void*>as_pointer(src)
+    ensure_loaded()
+    PyObject_GetBuffer(dst, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        copy(view.buf, ptr, view.len, PYAR_hipMemcpyDeviceToHost, stream)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def memcpy_dtod(dst, src, size, stream=None):
+    """Copy ``size`` bytes between device addresses."""
+    cdef void* dst_ptr = <void*>as_pointer(dst)
+    cdef const void* src_ptr = <const void*>as_pointer(src)
+    cdef size_t nbytes = checked_size(size, "size")
+    ensure_loaded()
+    copy(dst_ptr, src_ptr, nbytes, PYAR_hipMemcpyDeviceToDevice, stream)
+
+
+def pointer_device(ptr):
+    """The ordinal of the device that owns device address ``ptr``."""
+    cdef int device = -1
+    ensure_loaded()
+    check(pyar_rt.hipPointerGetAttribute(&device, PYAR_HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                         <hipDeviceptr_t>as_pointer(ptr)),
+          "hipPointerGetAttribute")
+    return device
+
+
+def address_range(ptr):
+    """(base, size) of the allocation containing device address ``ptr``."""
+    cdef hipDeviceptr_t base = NULL
+    cdef size_t size = 0
+    ensure_loaded()
+    check(pyar_rt.hipMemGetAddressRange(&base, &size, <hipDeviceptr_t>as_pointer(ptr)),
+          "hipMemGetAddressRange")
+    return <uintptr_t>base, size

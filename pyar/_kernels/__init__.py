@@ -1,0 +1,1 @@
+"""Code objects compiled from src/kernels at build time, and their loading."""
