@@ -1,0 +1,59 @@
+// Small kernels the test suites and benchmarks launch through
+// hipModuleLaunchKernel: argument passing, data movement, delays and the
+// "consumer overwrites its input" step of the adversarial tests.
+#include "pyar_device.h"
+
+extern "C" {
+
+__global__ void pyar_test_empty() {}
+
+// Writes back every argument so the host can check the packing of each type.
+struct ArgRecord {
+  uint64_t pointer;
+  int64_t i64;
+  uint64_t u64;
+  int32_t i32;
+  uint32_t u32;
+  float f32;
+  uint32_t pad;
+};
+
+__global__ void pyar_test_store_args(ArgRecord *out, const void *pointer, int32_t i32, int64_t i64,
+                                     uint32_t u32, uint64_t u64, float f32) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    out->pointer = reinterpret_cast<uint64_t>(pointer);
+    out->i64 = i64;
+    out->u64 = u64;
+    out->i32 = i32;
+    out->u32 = u32;
+    out->f32 = f32;
+    out->pad = 0xfeedbeefu;
+  }
+}
+
+// y[i] = a * y[i] + x[i]
+__global__ void pyar_test_axpy_f32(float *y, const float *x, float a, uint64_t n) {
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += uint64_t(gridDim.x) * blockDim.x)
+    y[i] = a * y[i] + x[i];
+}
+
+// Fills n 32-bit words with a bit pattern; 0xffffffff is NaN in fp32 and, per
+// 16-bit half, in fp16 and bf16.
+__global__ void pyar_test_fill_u32(uint32_t *out, uint32_t pattern, uint64_t n) {
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += uint64_t(gridDim.x) * blockDim.x)
+    out[i] = pattern;
+}
+
+// Occupies one block for about ns nanoseconds: delays everything queued
+// after it on the stream.
+__global__ void pyar_test_spin(uint64_t ns) {
+  if (threadIdx.x == 0) {
+    uint64_t start = pyar::now_ns();
+    while (pyar::now_ns() - start < ns) {
+    }
+  }
+}
+
+}  // extern "C"
