@@ -8,12 +8,13 @@ from pyar._hip._runtime import (
     memcpy_dtod, memcpy_dtoh, memcpy_htod, memset, platform, pointer_device,
     runtime_version, set_device,
 )
+from pyar._hip.capture import capture
 from pyar._hip.errors import HipError, RuntimeNotFoundError
 
 __all__ = [
     "Device", "DeviceMemory", "Event", "Function", "Graph", "GraphExec", "HipError",
     "IpcHandle", "IpcMapping", "Module", "PinnedMemory", "RuntimeNotFoundError", "Stream",
-    "address_range", "as_stream", "device_synchronize", "driver_version", "get_device",
+    "address_range", "as_stream", "capture", "device_synchronize", "driver_version", "get_device",
     "get_device_count", "ipc_get_handle", "ipc_open", "library_path", "memcpy_dtod",
     "memcpy_dtoh", "memcpy_htod", "memset", "platform", "pointer_device", "runtime_version",
     "set_device",
