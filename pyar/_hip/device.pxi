@@ -10,6 +10,8 @@ def get_device_count():
 cdef int checked_ordinal(ordinal) except -1:
     if not isinstance(ordinal, int) or isinstance(ordinal, bool):
         raise TypeError(f"device ordinal must be an int, not {type(ordinal).__name__}")
+    if ordinal < 0:
+        raise ValueError(f"device ordinal must be >= 0, got {ordinal}")
     count = get_device_count()
     if not 0 <= ordinal < count:
         raise ValueError(f"device ordinal {ordinal} out of range: {count} device(s) visible")

@@ -12,8 +12,13 @@ class IpcHandle:
     __slots__ = ("handle", "offset", "size")
 
     def __init__(self, handle, offset, size):
-        if not isinstance(handle, bytes) or len(handle) != 64:
-            raise ValueError("an IPC handle is 64 bytes")
+        if not isinstance(handle, bytes):
+            raise TypeError(f"an IPC handle must be bytes, not {type(handle).__name__}")
+        if len(handle) != 64:
+            raise ValueError(f"an IPC handle is 64 bytes, got {len(handle)}")
+        for what, value in (("offset", offset), ("size", size)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"IPC {what} must be an int, not {type(value).__name__}")
         if offset < 0 or size < 0 or offset > size:
             raise ValueError(f"bad IPC offset/size: {offset}/{size}")
         self.handle = handle

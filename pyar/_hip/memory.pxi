@@ -137,31 +137,33 @@ cdef class PinnedMemory:
             pyar_rt.hipHostFree(<void*>self.ptr)
 
 
-def memset(dst, int value, size, stream=None):
+def memset(dst, value, size, stream=None):
     """Set ``size`` bytes at ``dst`` to ``value``; asynchronous when a stream is given."""
     cdef void* ptr = <void*>as_pointer(dst)
     cdef size_t nbytes = checked_size(size, "size")
     cdef hipStream_t handle
-    ensure_loaded()
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"memset value must be an int, not {type(value).__name__}")
     if not 0 <= value <= 255:
         raise ValueError(f"memset value must be a byte (0..255), got {value}")
+    handle = stream_handle(stream)
+    ensure_loaded()
     if stream is None:
         check(pyar_rt.hipMemset(ptr, value, nbytes), "hipMemset")
     else:
-        handle = stream_handle(stream)
         check(pyar_rt.hipMemsetAsync(ptr, value, nbytes, handle), "hipMemsetAsync")
 
 
 cdef int copy(void* dst, const void* src, size_t nbytes, int kind, stream) except -1:
     cdef hipError_t status
-    cdef hipStream_t handle
+    cdef hipStream_t handle = stream_handle(stream)  # checked even for empty copies
     if nbytes == 0:
         return 0
+    ensure_loaded()
     if stream is None:
         with nogil:
             status = pyar_rt.hipMemcpy(dst, src, nbytes, kind)
         return check(status, "hipMemcpy")
-    handle = stream_handle(stream)
     with nogil:
         status = pyar_rt.hipMemcpyAsync(dst, src, nbytes, kind, handle)
     return check(status, "hipMemcpyAsync")
@@ -171,7 +173,6 @@ def memcpy_htod(dst, src, stream=None):
     """Copy the bytes of the contiguous host buffer ``src`` to device address ``dst``."""
     cdef Py_buffer view
     cdef void* ptr = <void*>as_pointer(dst)
-    ensure_loaded()
     PyObject_GetBuffer(src, &view, PyBUF_ANY_CONTIGUOUS)
     try:
         copy(ptr, view.buf, view.len, PYAR_hipMemcpyHostToDevice, stream)
@@ -183,7 +184,6 @@ def memcpy_dtoh(dst, src, stream=None):
     """Fill the writable contiguous host buffer ``dst`` from device address ``src``."""
     cdef Py_buffer view
     cdef const void* ptr = <const void*>as_pointer(src)
-    ensure_loaded()
     PyObject_GetBuffer(dst, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
     try:
         copy(view.buf, ptr, view.len, PYAR_hipMemcpyDeviceToHost, stream)
@@ -196,16 +196,16 @@ def memcpy_dtod(dst, src, size, stream=None):
     cdef void* dst_ptr = <void*>as_pointer(dst)
     cdef const void* src_ptr = <const void*>as_pointer(src)
     cdef size_t nbytes = checked_size(size, "size")
-    ensure_loaded()
     copy(dst_ptr, src_ptr, nbytes, PYAR_hipMemcpyDeviceToDevice, stream)
 
 
 def pointer_device(ptr):
     """The ordinal of the device that owns device address ``ptr``."""
     cdef int device = -1
+    cdef uintptr_t address = as_pointer(ptr)
     ensure_loaded()
     check(pyar_rt.hipPointerGetAttribute(&device, PYAR_HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                         <hipDeviceptr_t>as_pointer(ptr)),
+                                         <hipDeviceptr_t>address),
           "hipPointerGetAttribute")
     return device
 
@@ -214,7 +214,8 @@ def address_range(ptr):
     """(base, size) of the allocation containing device address ``ptr``."""
     cdef hipDeviceptr_t base = NULL
     cdef size_t size = 0
+    cdef uintptr_t address = as_pointer(ptr)
     ensure_loaded()
-    check(pyar_rt.hipMemGetAddressRange(&base, &size, <hipDeviceptr_t>as_pointer(ptr)),
+    check(pyar_rt.hipMemGetAddressRange(&base, &size, <hipDeviceptr_t>address),
           "hipMemGetAddressRange")
     return <uintptr_t>base, size

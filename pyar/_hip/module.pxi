@@ -139,10 +139,11 @@ cdef class Function:
         cdef uint32_t u32
         cdef float f32
         cdef int i
-        cdef hipStream_t handle = stream_handle(stream)
-        cdef hipModule_t alive = self.module.checked_handle()
+        cdef size_t shared_bytes
+        cdef hipStream_t handle
         dims(grid, g, "grid")
         dims(block, b, "block")
+        shared_bytes = checked_size(shared_mem, "shared_mem")
         if len(args) != self._nargs:
             raise TypeError(f"{self.name} takes {self._nargs} arguments, got {len(args)}")
         for i in range(self._nargs):
@@ -167,14 +168,19 @@ cdef class Function:
             except (TypeError, OverflowError, ValueError) as error:
                 raise type(error)(f"argument {i} of {self.name} ({self.argtypes[i]}): {error}") from None
             params[i] = &slots[i]
+        handle = stream_handle(stream)
+        if self.module is None:
+            raise ValueError(f"{self.name} is not bound to a module; use Module.get_function")
+        self.module.checked_handle()
         check(pyar_rt.hipModuleLaunchKernel(self._handle, g[0], g[1], g[2], b[0], b[1], b[2],
-                                            checked_size(shared_mem, "shared_mem"), handle,
-                                            params, NULL),
+                                            shared_bytes, handle, params, NULL),
               "hipModuleLaunchKernel")
 
     def max_active_blocks_per_multiprocessor(self, block_size, shared_mem=0):
         """How many blocks of ``block_size`` threads fit on one multiprocessor at once."""
         cdef int blocks = 0
+        if self.module is None:
+            raise ValueError(f"{self.name} is not bound to a module; use Module.get_function")
         self.module.checked_handle()
         check(pyar_rt.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
                   &blocks, self._handle, block_size, checked_size(shared_mem, "shared_mem")),

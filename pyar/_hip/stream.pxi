@@ -128,21 +128,26 @@ cdef class Stream:
             raise ValueError(f"capture mode must be one of {sorted(modes)}, got {mode!r}")
         if self._handle == NULL:
             raise ValueError("the null stream cannot be captured; capture a created Stream")
-        check(pyar_rt.hipStreamBeginCapture(self.checked_handle(), modes[mode]),
+        cdef hipStream_t handle = self.checked_handle()
+        ensure_loaded()  # a wrapped foreign stream can come before any other pyar call
+        check(pyar_rt.hipStreamBeginCapture(handle, modes[mode]),
               "hipStreamBeginCapture")
 
     def end_capture(self):
         """Stop recording and return the captured Graph."""
         cdef hipGraph_t graph = NULL
-        check(pyar_rt.hipStreamEndCapture(self.checked_handle(), &graph), "hipStreamEndCapture")
+        cdef hipStream_t handle = self.checked_handle()
+        ensure_loaded()
+        check(pyar_rt.hipStreamEndCapture(handle, &graph), "hipStreamEndCapture")
         return Graph.wrap(graph)
 
     @property
     def capture_status(self):
         """``"none"``, ``"active"`` or ``"invalidated"``."""
         cdef int status = 0
+        cdef hipStream_t handle = self.checked_handle()
         ensure_loaded()
-        check(pyar_rt.hipStreamIsCapturing(self.checked_handle(), &status), "hipStreamIsCapturing")
+        check(pyar_rt.hipStreamIsCapturing(handle, &status), "hipStreamIsCapturing")
         return {PYAR_hipStreamCaptureStatusNone: "none",
                 PYAR_hipStreamCaptureStatusActive: "active",
                 PYAR_hipStreamCaptureStatusInvalidated: "invalidated"}.get(status, str(status))

@@ -363,6 +363,10 @@ int pyar_load_cuda(pyar_runtime *rt, char *error, size_t error_size) {
   PYAR_CUDA_API(PYAR_LOAD_CUDA)
 #undef PYAR_LOAD_CUDA
 
+  /* CUDA 13's cuda.h maps cuEventElapsedTime to _v2; older drivers lack it. */
+  void *elapsed_v2 = dlsym(lib, "cuEventElapsedTime_v2");
+  if (elapsed_v2) cu.cuEventElapsedTime = (CUresult(*)(float *, hipEvent_t, hipEvent_t))elapsed_v2;
+
   /* A machine with the driver but no usable GPU still loads; every call then
    * answers cuInit's status (CUDA_ERROR_NO_DEVICE, say). */
   init_status = cu.cuInit(0);

@@ -1,0 +1,442 @@
+"""Kernel compilation for both platforms (tier a).
+
+Every src/kernels/*.cu is compiled the way the package build does it
+(setup_kernels): nvcc to a fatbin with machine code for sm_80 and sm_90 plus
+PTX, and Debian's (or ROCm's) hipcc --genco to a code-object bundle for
+gfx90a.  The outputs are opened (fatbin container, clang offload bundle) and
+every ``extern "C" __global__`` entry point that the preprocessed source
+defines must be a symbol of every architecture's code.  Also: the target
+parsing of PYAR_GPU_ARCHS and the probe that drops targets hipcc cannot build.
+"""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import setup_kernels  # noqa: E402
+
+KERNELS = os.path.join(ROOT, "src", "kernels")
+SOURCES = sorted(f for f in os.listdir(KERNELS) if f.endswith(".cu")) if os.path.isdir(
+    KERNELS) else []
+CUDA_ARCHS = ("sm_80", "sm_90")
+HIP_ARCH = "gfx90a"
+
+NVCC = setup_kernels.find_nvcc()
+HIPCC = setup_kernels.find_hipcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH, CUDA_HOME, "
+                                "/usr/local/cuda): CUDA kernels cannot be compiled here")
+needs_hipcc = pytest.mark.skipif(HIPCC is None, reason="hipcc not found (PATH, ROCM_PATH): "
+                                 "AMD kernels cannot be compiled here (CI installs hipcc)")
+
+
+def run(command, **kwargs):
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, " ".join(command) + "\n" + result.stdout + result.stderr
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Entry points of a source, from its preprocessed text
+
+
+def _strip_attributes(text):
+    """``__attribute__((global))`` -> ``__global__``; every other
+    ``__attribute__((...))`` removed (balanced parentheses)."""
+    out, i = [], 0
+    pattern = re.compile(r"__attribute__\s*\(")
+    while True:
+        match = pattern.search(text, i)
+        if not match:
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:match.start()])
+        depth, j = 1, match.end()
+        while depth and j < len(text):
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        inner = re.sub(r"\s", "", text[match.end():j - 1])
+        out.append(" __global__ " if inner == "(global)" else " ")
+        i = j
+
+
+_TOKEN = re.compile(r'extern\s*"C"|"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|\w+|[{}();]|[^\s\w]')
+
+
+def entry_points(preprocessed, source):
+    """Names of the ``extern "C"`` kernels defined in ``source`` itself (not in
+    headers), from a preprocessor's output with its line markers."""
+    own, keep = [], True
+    for line in preprocessed.splitlines():
+        marker = re.match(r'#\s*(?:line\s+)?\d+\s+"([^"]*)"', line)
+        if marker:
+            keep = os.path.abspath(marker.group(1)) == os.path.abspath(source)
+        elif keep and not line.startswith("#"):
+            own.append(line)
+    tokens = _TOKEN.findall(_strip_attributes("\n".join(own)))
+
+    names = set()
+    blocks = []              # one flag per open brace: inside an extern "C" { } block
+    declaration = None       # depth at which a single `extern "C" <declaration>` began
+    for i, token in enumerate(tokens):
+        if token.startswith("extern") and token.endswith('"C"'):
+            if i + 1 < len(tokens) and tokens[i + 1] == "{":
+                blocks.append("extern")
+                continue
+            declaration = len(blocks)
+        elif token == "{":
+            if i and tokens[i - 1].startswith("extern") and tokens[i - 1].endswith('"C"'):
+                continue  # already pushed
+            blocks.append("other")
+        elif token == "}":
+            if blocks:
+                blocks.pop()
+            if declaration is not None and len(blocks) == declaration:
+                declaration = None  # end of the extern "C" function body
+        elif token == ";" and declaration == len(blocks):
+            declaration = None
+        elif token == "__global__" and ("extern" in blocks or declaration is not None):
+            j = i + 1
+            while j < len(tokens) and tokens[j] != "(":
+                j += 1
+            if j < len(tokens) and re.fullmatch(r"[A-Za-z_]\w*", tokens[j - 1]):
+                names.add(tokens[j - 1])
+    return names
+
+
+def preprocess_cuda(source):
+    return run([NVCC, "-E", "-x", "cu", *setup_kernels.KERNEL_FLAGS, "-I",
+                os.path.dirname(source), source]).stdout
+
+
+def preprocess_hip(source):
+    return run([HIPCC, "-E", "-x", "hip", f"--offload-arch={HIP_ARCH}",
+                *setup_kernels.KERNEL_FLAGS, "-I", os.path.dirname(source), source],
+               env=setup_kernels.hip_environment()).stdout
+
+
+# ---------------------------------------------------------------------------
+# Reading the compilers' outputs
+
+
+def zstd_decompress(data):
+    """The decompressed bytes, or None without a zstd tool (CI installs zstd)."""
+    zstd = shutil.which("zstd")
+    if zstd is None:
+        warnings.warn("zstd not found: the compressed PTX of the fatbin is not inspected")
+        return None
+    return subprocess.run([zstd, "-d", "-c", "-q"], input=data, capture_output=True,
+                          check=True).stdout
+
+
+def fatbin_entries(data):
+    """[(kind, sm_arch, payload)] of every entry of every container in a fatbin;
+    kind is "elf" or "ptx"; payloads are decompressed (None if they cannot be)."""
+    entries, offset = [], 0
+    while offset + 16 <= len(data):
+        magic, version, header_size, size = struct.unpack_from("<IHHQ", data, offset)
+        assert magic == 0xBA55ED50, f"not a fatbin container at {offset}: {magic:#x}"
+        assert version == 1 and header_size == 16
+        position, end = offset + header_size, offset + header_size + size
+        assert end <= len(data), "truncated fatbin"
+        while position < end:
+            kind, _, entry_header, payload_size = struct.unpack_from("<HHIQ", data, position)
+            compressed_size, = struct.unpack_from("<I", data, position + 16)
+            arch, = struct.unpack_from("<I", data, position + 28)
+            flags, = struct.unpack_from("<Q", data, position + 40)
+            payload = data[position + entry_header:position + entry_header + payload_size]
+            if flags & 0x8000:  # zstd-compressed (CUDA 13 compresses the PTX)
+                payload = zstd_decompress(payload[:compressed_size])
+            entries.append(({1: "ptx", 2: "elf"}.get(kind, kind), arch, payload))
+            position += entry_header + payload_size
+        offset = end
+    return entries
+
+
+def offload_bundle_entries(data):
+    """{triple: payload} of a clang offload bundle (hipcc --genco)."""
+    magic = b"__CLANG_OFFLOAD_BUNDLE__"
+    assert data.startswith(magic), f"not a clang offload bundle: {data[:24]!r}"
+    count, = struct.unpack_from("<Q", data, len(magic))
+    entries, position = {}, len(magic) + 8
+    for _ in range(count):
+        offset, size, triple_size = struct.unpack_from("<QQQ", data, position)
+        position += 24
+        triple = data[position:position + triple_size].decode()
+        position += triple_size
+        entries[triple] = data[offset:offset + size]
+    return entries
+
+
+def elf_symbols(elf):
+    """Names in the symbol tables of a 64-bit little-endian ELF."""
+    assert elf[:4] == b"\x7fELF" and elf[4] == 2 and elf[5] == 1, "not a 64-bit LE ELF"
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+            continue
+        strtab_offset = sections[link][4]
+        for k in range(size // entsize):
+            name_offset, = struct.unpack_from("<I", elf, offset + k * entsize)
+            start = strtab_offset + name_offset
+            names.add(elf[start:elf.index(b"\0", start)].decode())
+    return names
+
+
+def missing_cuda_entry_points(fatbin, names, archs):
+    """What the fatbin lacks: per arch's ELF and the newest arch's PTX."""
+    entries = fatbin_entries(fatbin)
+    problems = []
+    for arch in archs:
+        number = int(arch[3:])
+        elves = [payload for kind, sm, payload in entries if kind == "elf" and sm == number]
+        if not elves:
+            problems.append(f"no {arch} machine code")
+            continue
+        if None in elves:
+            problems.append(f"{arch}: compressed machine code and no zstd to read it")
+            continue
+        symbols = set().union(*(elf_symbols(elf) for elf in elves))
+        problems += [f"{arch}: {name}" for name in sorted(names - symbols)]
+    newest = max(int(a[3:]) for a in archs)
+    ptx = [payload for kind, sm, payload in entries if kind == "ptx" and sm == newest]
+    if not ptx:
+        problems.append(f"no compute_{newest} PTX")
+    else:
+        text = b"".join(p for p in ptx if p is not None).decode(errors="replace")
+        if not text and None in ptx:
+            return problems  # compressed and no zstd here: presence checked, names not
+        problems += [f"compute_{newest} PTX: {name}" for name in sorted(names)
+                     if not re.search(rf"\.entry\s+{re.escape(name)}\s*\(", text)]
+    return problems
+
+
+def missing_hip_entry_points(bundle, names, archs):
+    entries = offload_bundle_entries(bundle)
+    problems = []
+    for arch in archs:
+        code = [payload for triple, payload in entries.items()
+                if triple.startswith(("hip-amdgcn-amd-amdhsa", "hipv4-amdgcn-amd-amdhsa"))
+                and triple.split("--", 1)[-1].split(":")[0] == arch]
+        if not code:
+            problems.append(f"no {arch} code object in {sorted(entries)}")
+            continue
+        symbols = set().union(*(elf_symbols(elf) for elf in code))
+        # an AMD kernel is its function symbol plus its kernel descriptor NAME.kd
+        problems += [f"{arch}: {name}" for name in sorted(names)
+                     if name not in symbols or f"{name}.kd" not in symbols]
+    return problems
+
+
+# ---------------------------------------------------------------------------
+# The sources
+
+
+def test_kernel_sources_exist():
+    assert SOURCES, f"no .cu files in {KERNELS}: nothing would be compiled"
+
+
+TINY = r'''
+#include "pyar_device.h"
+#define ENTRY(name) extern "C" __global__ void pyar_tiny_##name(float *x) { x[0] = 1; }
+ENTRY(a)
+ENTRY(b)
+extern "C" {
+__global__ void __launch_bounds__(64) pyar_tiny_block(int *x, int n) { if (n) x[0] = n; }
+__device__ int pyar_tiny_helper(int v) { return v + 1; }
+}
+extern "C" __device__ const unsigned pyar_tiny_table[2] = {1, 2};
+__global__ void pyar_tiny_cxx_linkage(int *x) { x[0] = 3; }
+namespace inner { __global__ void pyar_tiny_namespaced(int *x) { x[0] = 4; } }
+template <int N> __global__ void pyar_tiny_template(int *x) { x[0] = N; }
+template __global__ void pyar_tiny_template<1>(int *);
+'''
+TINY_ENTRY_POINTS = {"pyar_tiny_a", "pyar_tiny_b", "pyar_tiny_block"}
+
+
+@pytest.fixture
+def tiny_source(tmp_path):
+    source = tmp_path / "tiny.cu"
+    source.write_text(TINY)
+    shutil.copy(os.path.join(KERNELS, "pyar_device.h"), tmp_path / "pyar_device.h")
+    return str(source)
+
+
+def test_entry_point_parser_on_marked_text():
+    text = '\n'.join([
+        '# 1 "k.cu"', 'extern "C" __attribute__((global)) void',
+        '__attribute__((launch_bounds(512))) a_w2(int *x) { if (x) { x[0] = 1; } }',
+        '# 1 "header.h" 1', 'extern "C" __attribute__((global)) void from_header(int *x) {}',
+        '# 3 "k.cu" 2', 'extern "C" { __attribute__((global)) void b(void) {}',
+        'static __attribute__((device)) int helper(int v) { return v; } }',
+        '__attribute__((global)) void cxx(int *x) {}',
+        'extern "C" __attribute__((device)) const int table[2] = {1, 2};',
+        '__attribute__((global)) void after_table(int *x) {}',
+        'extern "C" __global__ void d(const char *s = "extern \\"C\\" {") {}',
+        '__global__ void last(int *x) {}',
+    ])
+    assert entry_points(text, "k.cu") == {"a_w2", "b", "d"}
+
+
+@needs_nvcc
+def test_tiny_kernel_for_cuda(tiny_source, tmp_path):
+    names = entry_points(preprocess_cuda(tiny_source), tiny_source)
+    assert names == TINY_ENTRY_POINTS
+    output = str(tmp_path / "tiny.fatbin")
+    run(setup_kernels.nvcc_command(NVCC, tiny_source, output, CUDA_ARCHS))
+    with open(output, "rb") as f:
+        fatbin = f.read()
+    assert missing_cuda_entry_points(fatbin, names, CUDA_ARCHS) == []
+    # The check sees a missing name, a missing arch and a missing PTX.
+    assert missing_cuda_entry_points(fatbin, {"pyar_tiny_absent"}, CUDA_ARCHS) == [
+        "sm_80: pyar_tiny_absent", "sm_90: pyar_tiny_absent",
+        "compute_90 PTX: pyar_tiny_absent"]
+    assert missing_cuda_entry_points(fatbin, names, ("sm_80", "sm_100")) == [
+        "no sm_100 machine code", "no compute_100 PTX"]
+    # C++-linkage kernels are in the binary only under mangled names.
+    symbols = set().union(*(elf_symbols(p) for k, _, p in fatbin_entries(fatbin) if k == "elf"))
+    assert "pyar_tiny_cxx_linkage" not in symbols
+    assert any("pyar_tiny_cxx_linkage" in s for s in symbols)
+
+
+@needs_hipcc
+def test_tiny_kernel_for_amd(tiny_source, tmp_path):
+    names = entry_points(preprocess_hip(tiny_source), tiny_source)
+    assert names == TINY_ENTRY_POINTS
+    output = str(tmp_path / "tiny.hsaco")
+    run(setup_kernels.hipcc_command(HIPCC, tiny_source, output, [HIP_ARCH]),
+        env=setup_kernels.hip_environment())
+    with open(output, "rb") as f:
+        bundle = f.read()
+    assert missing_hip_entry_points(bundle, names, [HIP_ARCH]) == []
+    assert missing_hip_entry_points(bundle, {"pyar_tiny_absent"}, [HIP_ARCH]) == [
+        f"{HIP_ARCH}: pyar_tiny_absent"]
+    assert missing_hip_entry_points(bundle, names, ["gfx942"])[0].startswith(
+        "no gfx942 code object")
+
+
+# ---------------------------------------------------------------------------
+# Every source of the package, for both platforms
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernels")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", SOURCES)
+def test_cuda_fatbin_has_every_entry_point(name, build_dir):
+    source = os.path.join(KERNELS, name)
+    names = entry_points(preprocess_cuda(source), source)
+    assert names, f"{name} defines no extern \"C\" __global__ entry point"
+    output = str(build_dir / (name[:-3] + ".fatbin"))
+    run(setup_kernels.nvcc_command(NVCC, source, output, CUDA_ARCHS))
+    with open(output, "rb") as f:
+        assert missing_cuda_entry_points(f.read(), names, CUDA_ARCHS) == []
+
+
+@needs_hipcc
+@pytest.mark.parametrize("name", SOURCES)
+def test_amd_code_object_has_every_entry_point(name, build_dir):
+    source = os.path.join(KERNELS, name)
+    names = entry_points(preprocess_hip(source), source)
+    assert names, f"{name} defines no extern \"C\" __global__ entry point"
+    output = str(build_dir / (name[:-3] + ".hsaco"))
+    run(setup_kernels.hipcc_command(HIPCC, source, output, [HIP_ARCH]),
+        env=setup_kernels.hip_environment())
+    with open(output, "rb") as f:
+        assert missing_hip_entry_points(f.read(), names, [HIP_ARCH]) == []
+
+
+@needs_nvcc
+@needs_hipcc
+def test_package_build_makes_both_flavours(tiny_source, tmp_path, monkeypatch):
+    """setup_kernels.build, as the package build runs it, with both toolchains."""
+    monkeypatch.setenv("PYAR_GPU_ARCHS", f"sm_90,{HIP_ARCH}")
+    output = tmp_path / "out"
+    made = setup_kernels.build(os.path.dirname(tiny_source), str(output))
+    assert sorted(os.path.basename(p) for p in made) == ["tiny.fatbin", "tiny.hsaco"]
+    assert missing_cuda_entry_points((output / "tiny.fatbin").read_bytes(), TINY_ENTRY_POINTS,
+                                     ("sm_90",)) == []
+    assert missing_hip_entry_points((output / "tiny.hsaco").read_bytes(), TINY_ENTRY_POINTS,
+                                    [HIP_ARCH]) == []
+
+    monkeypatch.setenv("PYAR_GPU_ARCHS", "sm_90")
+    only_cuda = tmp_path / "cuda-only"
+    made = setup_kernels.build(os.path.dirname(tiny_source), str(only_cuda))
+    assert [os.path.basename(p) for p in made] == ["tiny.fatbin"]
+
+
+# ---------------------------------------------------------------------------
+# Targets
+
+
+def test_requested_archs_default(monkeypatch):
+    monkeypatch.delenv("PYAR_GPU_ARCHS", raising=False)
+    assert setup_kernels.requested_archs() == (setup_kernels.DEFAULT_CUDA_ARCHS,
+                                               setup_kernels.DEFAULT_HIP_ARCHS)
+    assert "sm_80" in setup_kernels.DEFAULT_CUDA_ARCHS and "sm_90" in \
+        setup_kernels.DEFAULT_CUDA_ARCHS
+    assert set(setup_kernels.DEFAULT_HIP_ARCHS) >= {"gfx90a", "gfx942", "gfx950"}
+    monkeypatch.setenv("PYAR_GPU_ARCHS", " ; ,")
+    assert setup_kernels.requested_archs() == (setup_kernels.DEFAULT_CUDA_ARCHS,
+                                               setup_kernels.DEFAULT_HIP_ARCHS)
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("sm_90", (("sm_90",), ())),
+    ("gfx942", ((), ("gfx942",))),
+    ("sm_80;sm_90", (("sm_80", "sm_90"), ())),
+    ("sm_90, gfx90a ;gfx942", (("sm_90",), ("gfx90a", "gfx942"))),
+    ("gfx950,sm_100", (("sm_100",), ("gfx950",))),
+])
+def test_requested_archs_override(monkeypatch, value, expected):
+    monkeypatch.setenv("PYAR_GPU_ARCHS", value)
+    assert setup_kernels.requested_archs() == expected
+
+
+@pytest.mark.parametrize("value, bad", [("sm_90;compute_90", "compute_90"),
+                                        ("hopper", "hopper"), ("gfx90a,MI300", "MI300")])
+def test_requested_archs_unknown_target(monkeypatch, value, bad):
+    monkeypatch.setenv("PYAR_GPU_ARCHS", value)
+    with pytest.raises(SystemExit) as caught:
+        setup_kernels.requested_archs()
+    message = str(caught.value)
+    assert "PYAR_GPU_ARCHS" in message and repr(bad) in message
+
+
+def test_nvcc_command_embeds_ptx_of_the_newest_arch():
+    command = setup_kernels.nvcc_command("nvcc", "/k/a.cu", "/o/a.fatbin", ["sm_90", "sm_80"])
+    assert command[:2] == ["nvcc", "--fatbin"]
+    assert "-gencode=arch=compute_80,code=sm_80" in command
+    assert "-gencode=arch=compute_90,code=sm_90" in command
+    assert "-gencode=arch=compute_90,code=compute_90" in command
+    assert command[-3:] == ["-o", "/o/a.fatbin", "/k/a.cu"]
+
+
+def hipcc_is_rocm_5():
+    result = subprocess.run([HIPCC, "--version"], capture_output=True, text=True,
+                            env=setup_kernels.hip_environment())
+    match = re.search(r"HIP version:\s*(\d+)\.", result.stdout)
+    return bool(match) and int(match.group(1)) < 6
+
+
+@needs_hipcc
+def test_supported_hip_archs():
+    kept = setup_kernels.supported_hip_archs(HIPCC, ["gfx90a", "gfx942", "gfx950", "gfx999"])
+    assert "gfx90a" in kept
+    assert "gfx999" not in kept  # no such chip: every clang refuses it
+    if hipcc_is_rocm_5():
+        # Debian's HIP 5.2 (clang-15) knows gfx90a/gfx940 but not gfx942/gfx950.
+        assert kept == ["gfx90a"]
+    assert setup_kernels.supported_hip_archs(HIPCC, []) == []
