@@ -1,0 +1,383 @@
+"""pyar.Communicator: the fastest correct sum across the GPUs of one node."""
+import os
+import weakref
+
+import ml_dtypes
+import numpy as np
+
+from pyar import _hip, _kernels
+from pyar.array import DeviceArray, asarray, empty
+from pyar.comm import algorithms, exchange, layout
+from pyar.comm.errors import CollectiveTimeout
+from pyar.comm.registry import BufferRegistry
+from pyar.comm.resources import Resources
+
+DEFAULT_MAX_SIZE = 64 << 20
+DEFAULT_TIMEOUT = 300.0
+MAX_WORLD = 8
+
+_KERNEL_TYPES = {
+    np.dtype(np.float32): "f32",
+    np.dtype(np.float16): "f16",
+    np.dtype(ml_dtypes.bfloat16): "bf16",
+}
+# Host-visible error record the kernels write on timeout: [0] timed out,
+# [1 + r] rank r never arrived, [1 + max ranks] the call's sequence number.
+_ERROR_WORDS = 2 + MAX_WORLD
+_CALL_LOG = 4096
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+class Communicator:
+    """A custom all-reduce over the ranks of ``mpi_comm``, one GPU each.
+
+    Collective: every rank of ``mpi_comm`` constructs it together.  ``device``
+    defaults to the node-local rank modulo the visible devices; several
+    ranks may share one GPU (under MPS).  ``max_size`` is the scratch buffer
+    in bytes (larger messages go in chunks); ``timeout`` bounds every wait
+    for peers, in seconds (default ``PYAR_TIMEOUT`` or 300).  ``kernels``
+    names a code object built from src/kernels/allreduce.cu to use instead
+    of the shipped one.  ``debug`` (default ``PYAR_DEBUG``) checks before
+    each call that all ranks passed the same arguments.
+
+    Calls on one communicator must be ordered with respect to each other
+    (one stream, or streams the caller synchronizes), like NCCL's.
+    """
+
+    def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
+                 kernels=None, debug=None):
+        if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size <= 0:
+            raise ValueError(f"max_size must be a positive int (bytes), got {max_size!r}")
+        timeout = float(os.environ.get("PYAR_TIMEOUT", DEFAULT_TIMEOUT)
+                        if timeout is None else timeout)
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self._closed = True  # until construction completes
+        self._node = exchange.node_local(mpi_comm)
+        self.rank = self._node.Get_rank()
+        self.world = self._node.Get_size()
+        if self.world > MAX_WORLD:
+            raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one node, "
+                             f"this communicator has {self.world}")
+        self.timeout = timeout
+        self.debug = _env_flag("PYAR_DEBUG") if debug is None else bool(debug)
+        self.max_size = -(-max_size // layout.PACK_BYTES) * layout.PACK_BYTES
+        # Different sizes or timeouts would give ranks different chunkings.
+        exchange.check_agreement(self._node, "max_size and timeout", (self.max_size, timeout))
+        self.device = exchange.run_everywhere(self._node, self._select_device, device)
+        self._resources = Resources(self.device)
+        self._registry = None
+        self._calls = 0
+        self._call_log = {}
+        self._failure = None
+        self._functions = {}
+        if self.world > 1:
+            self._connect(kernels)
+        self._finalizer = weakref.finalize(self, Resources.release, self._resources)
+        self._closed = False
+
+    # --- construction -------------------------------------------------------
+
+    def _select_device(self, device):
+        if device is None:
+            device = self.rank % _hip.get_device_count()
+        _hip.set_device(device)
+        return int(device)
+
+    def _connect(self, kernels):
+        node = self._node
+        self._module, self._layout = exchange.run_everywhere(node, self._load_kernels, kernels)
+        lay = self._layout
+        self._scratch_offset = lay.signal_bytes
+        self._partial_offset = lay.signal_bytes + self.max_size
+        exported = exchange.run_everywhere(node, self._allocate)
+        handles = node.allgather(exported)
+        exchange.run_everywhere(node, self._map_peers, handles)
+        self._registry = exchange.run_everywhere(node, BufferRegistry, node, self._resources)
+        bus_ids = node.allgather(exchange.run_everywhere(node, self._bus_id))
+        sharing = bus_ids.count(bus_ids[self.rank])
+        cap = exchange.run_everywhere(node, self._block_cap, sharing)
+        self._max_blocks = exchange.agree_min(node, cap)
+        node.Barrier()  # every rank's signals are zeroed before anyone's first call
+
+    def _load_kernels(self, kernels):
+        _hip.set_device(self.device)
+        if kernels is None:
+            module = _kernels.load("allreduce", self.device)
+        else:
+            module = _hip.Module.from_file(kernels)
+        found = layout.KernelLayout(module)
+        if self.world > found.max_ranks:
+            raise ValueError(f"the kernels support {found.max_ranks} ranks, not {self.world}")
+        return module, found
+
+    def _allocate(self):
+        res = self._resources
+        size = self._partial_offset + self.max_size
+        self._buffer = res.device_memory(size, uncached=True)
+        _hip.memset(self._buffer.ptr, 0, self._layout.signal_bytes)
+        self._error = res.pinned_memory(4 * _ERROR_WORDS)
+        self._error_words = np.frombuffer(self._error, dtype=np.uint32)
+        self._error_words[:] = 0
+        self._state = res.device_memory(len(layout.pack_state([], [], 0, 0, 0)))
+        self._staged_table = res.device_memory(layout.TABLE_BYTES)
+        return _hip.ipc_get_handle(self._buffer.ptr)
+
+    def _map_peers(self, handles):
+        bases = [self._buffer.ptr if r == self.rank else self._resources.peers.open(h)
+                 for r, h in enumerate(handles)]
+        state = layout.pack_state(bases, [b + self._partial_offset for b in bases],
+                                  self._error.ptr, self.rank, self.world)
+        _hip.memcpy_htod(self._state.ptr, state)
+        _hip.memcpy_htod(self._staged_table.ptr,
+                         layout.pack_table([b + self._scratch_offset for b in bases]))
+
+    def _bus_id(self):
+        return _hip.Device(self.device).pci_bus_id
+
+    def _block_cap(self, sharing):
+        """Blocks per call such that every rank's blocks fit on the GPU at once.
+
+        Blocks spin on peers, so a block that cannot become resident because
+        spinning blocks hold every slot would deadlock; the ``sharing`` ranks
+        on one GPU share its slots.
+        """
+        dev = _hip.Device(self.device)
+        occupancy = min(self._function(algo, dtype).max_active_blocks_per_multiprocessor(
+                            self._layout.threads)
+                        for algo in algorithms.ALGORITHMS for dtype in _KERNEL_TYPES)
+        per_rank = max(1, dev.multiprocessor_count * occupancy // sharing)
+        return min(self._layout.max_blocks, dev.multiprocessor_count, per_rank)
+
+    def _function(self, algo, dtype):
+        key = (algo, dtype)
+        function = self._functions.get(key)
+        if function is None:
+            name = f"pyar_allreduce_{algo.replace('shot', '_shot')}_{_KERNEL_TYPES[dtype]}_w{self.world}"
+            function = self._module.get_function(
+                name, ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint32"))
+            self._functions[key] = function
+        return function
+
+    # --- state ----------------------------------------------------------------
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def _check_usable(self):
+        if self._closed:
+            raise ValueError("communicator is closed")
+        if self._failure is not None:
+            raise self._failure
+
+    def _check_timeout(self):
+        words = self._error_words if self.world > 1 else None
+        if words is None or not words[0]:
+            return
+        missing = [r for r in range(self.world) if words[1 + r]]
+        call = self._call_log.get(int(words[1 + MAX_WORLD]) % _CALL_LOG, "a collective")
+        self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
+        raise self._failure
+
+    def synchronize(self, stream=None):
+        """Wait for this rank's calls on ``stream``; raise CollectiveTimeout if
+        one of them gave up waiting for a peer."""
+        self._check_usable()
+        _hip.as_stream(stream).synchronize()
+        self._check_timeout()
+
+    # --- arrays -----------------------------------------------------------------
+
+    def _device_array(self, x, what):
+        if isinstance(x, np.ndarray):
+            raise TypeError(f"{what} is a host (numpy) array; copy it to the GPU with "
+                            "pyar.asarray first")
+        if not isinstance(x, DeviceArray):
+            x = asarray(x)
+        if x.dtype not in _KERNEL_TYPES:
+            raise TypeError(f"{what} has dtype {x.dtype}; all-reduce supports "
+                            f"{', '.join(str(d) for d in _KERNEL_TYPES)}")
+        if x.size and x.device != self.device:
+            raise ValueError(f"{what} lives on device {x.device}, this communicator on "
+                             f"device {self.device}")
+        return x
+
+    def _output(self, x, out, stream):
+        if out is None:
+            return empty(x.shape, x.dtype, stream=stream)
+        out = self._device_array(out, "out")
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected "
+                             f"{x.shape} and {x.dtype} like the input")
+        if out.readonly:
+            raise ValueError("out is a read-only array")
+        if out.size and out.ptr % layout.PACK_BYTES:
+            raise ValueError(f"out is not {layout.PACK_BYTES}-byte aligned "
+                             f"(address {out.ptr:#x})")
+        same = out.ptr == x.ptr
+        if not same and out.ptr < x.ptr + x.nbytes and x.ptr < out.ptr + out.nbytes:
+            raise ValueError("out partially overlaps the input; pass the input itself "
+                             "(in place) or a separate array")
+        return out
+
+    # --- collectives ------------------------------------------------------------
+
+    def register(self, x):
+        """Exchange ``x``'s IPC handle once (collective), so that later
+        all-reduces of ``x`` read it in place instead of staging a copy.
+
+        Every rank registers its own buffer of the same size, and every rank
+        must then pass its registered buffer to the same calls.
+        """
+        self._check_usable()
+        x = self._device_array(x, "x")
+        if x.ptr % layout.PACK_BYTES:
+            raise ValueError(f"a registered buffer must be {layout.PACK_BYTES}-byte aligned "
+                             f"(address {x.ptr:#x})")
+        if self.world == 1:
+            return
+        self._registry.register(x.ptr, x.nbytes)
+
+    def register_graph_buffers(self):
+        """Collective: exchange the handles of the unregistered inputs that
+        captured all-reduces read in place, so the captured graphs can run.
+
+        ``capture()`` calls it when its block ends.  Every rank must have
+        captured the same collectives in the same order.
+        """
+        self._check_usable()
+        if self.world > 1:
+            self._registry.exchange_deferred()
+
+    def capture(self, stream, mode="global"):
+        """``with comm.capture(stream) as graph:`` -- pyar.capture plus
+        register_graph_buffers() when the block ends (collectively: if the
+        block raised on any rank, every rank raises)."""
+        return _CollectiveCapture(self, stream, mode)
+
+    def _finish_capture(self, failed):
+        failures = self._node.allgather(failed)
+        if any(failures):
+            if self.world > 1:
+                self._registry.discard_deferred()
+            if not failed:
+                ranks = [r for r, f in enumerate(failures) if f]
+                raise RuntimeError(f"the capture failed on rank(s) {ranks}; its graph is "
+                                   "discarded on every rank")
+            return
+        self.register_graph_buffers()
+
+    def allreduce(self, x, out=None, algo="auto", stream=None):
+        """Sum ``x`` over all ranks into ``out`` (a new array if None; ``x``
+        itself for in place), queued on ``stream``.  Returns ``out``.
+
+        Asynchronous like a kernel launch; ``synchronize()`` waits and reports
+        a peer that never arrived as CollectiveTimeout.
+        """
+        self._check_usable()
+        algorithms.validate(algo)
+        x = self._device_array(x, "x")
+        out = self._output(x, out, stream)
+        if x.size == 0:
+            return out
+        if self.world == 1:
+            if out.ptr != x.ptr:
+                _hip.memcpy_dtod(out.ptr, x.ptr, x.nbytes, stream)
+            return out
+        source = _hip.as_stream(stream)
+        if source.handle and source.is_capturing:
+            # Recorded, not staged: the graph reads x in place once the ranks
+            # have exchanged its handle (register_graph_buffers).
+            registered = self._registry.defer(x.ptr, x.nbytes)
+        else:
+            registered = self._registry.lookup(x.ptr, x.nbytes)
+        algo = self._plan(x, out, algo, registered is not None)
+        if self.debug:
+            exchange.check_agreement(
+                self._node, "the all-reduce (elements, dtype, algorithm, registered input)",
+                (x.size, str(x.dtype), algo, registered is not None))
+        self._check_timeout()
+        self._launch(x, out, algo, registered, stream)
+        return out
+
+    def _plan(self, x, out, algo, registered):
+        in_place_registered = registered and out.ptr == x.ptr
+        if algo == "auto":
+            algo = algorithms.choose(x.nbytes, self.world)
+            # One-shot writes its output while peers still read its input.
+            return "twoshot" if in_place_registered else algo
+        if algo == "oneshot" and in_place_registered:
+            raise ValueError("algo='oneshot' cannot write in place over a registered input "
+                             "(peers are still reading it); use 'twoshot' or 'auto'")
+        return algo
+
+    def _launch(self, x, out, algo, registered, stream):
+        function = self._function(algo, x.dtype)
+        itemsize = x.dtype.itemsize
+        lanes = layout.PACK_BYTES // itemsize
+        threads = self._layout.threads
+        chunk = self.max_size // itemsize
+        timeout_ns = int(self.timeout * 1e9)
+        for first in range(0, x.size, chunk):
+            count = min(chunk, x.size - first)
+            offset = first * itemsize
+            if registered is None:
+                scratch = self._buffer.ptr + self._scratch_offset
+                _hip.memcpy_dtod(scratch, x.ptr + offset, count * itemsize, stream)
+                table, in_offset = self._staged_table.ptr, 0
+            else:
+                table, in_offset = registered, offset // layout.PACK_BYTES
+            packs = count // lanes
+            work = packs if algo == "oneshot" else -(-packs // self.world)
+            blocks = min(self._max_blocks, max(1, -(-work // threads)))
+            call = self._calls & 0xFFFFFFFF
+            self._call_log[call % _CALL_LOG] = (
+                f"allreduce call {self._calls} ({algo}, {count} x {x.dtype})")
+            self._calls += 1
+            function.launch(blocks, threads,
+                            (table, in_offset, out.ptr + offset, self._state.ptr, count,
+                             timeout_ns, call), stream=stream)
+
+    # --- teardown ---------------------------------------------------------------
+
+    def close(self):
+        """Release GPU memory and peer mappings (collective: peers unmap this
+        rank's memory before it is freed).  Later calls raise."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            self._resources.close_mappings()
+            self._node.Barrier()
+        finally:
+            self._resources.free()
+            self._node.Free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"device {self.device}"
+        return f"<pyar.Communicator rank {self.rank} of {self.world}, {state}>"
+
+
+class _CollectiveCapture(_hip.capture):
+    def __init__(self, comm, stream, mode):
+        comm._check_usable()
+        super().__init__(stream, mode)
+        self._comm = comm
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            self._comm._finish_capture(failed=exc_type is not None)
+        return False

@@ -1,0 +1,99 @@
+"""Which input buffers peers read in place, and the device tables that say where.
+
+An input table (layout.pack_table) holds every rank's address of one buffer
+as mapped in this process.  A buffer gets one when all ranks register it
+together (``register``), or when a stream capture records a call on it
+(``defer``): the captured kernel then already points at the table, and the
+table is filled after the capture, once the ranks have exchanged handles
+(``exchange_deferred``).
+
+Tables come from blocks allocated ahead: allocating device memory is not
+allowed while a stream captures in the global mode."""
+from pyar import _hip
+from pyar.comm import exchange, layout
+
+TABLES_PER_BLOCK = 256
+
+
+class BufferRegistry:
+    def __init__(self, node, resources):
+        self._node = node
+        self._rank = node.Get_rank()
+        self._resources = resources
+        self._tables = {}    # (address, nbytes) -> table address, filled
+        self._deferred = {}  # (address, nbytes) -> table address, not yet filled
+        self._free = []
+        self._grow()
+
+    def _grow(self):
+        block = self._resources.device_memory(TABLES_PER_BLOCK * layout.TABLE_BYTES)
+        self._free.extend(block.ptr + i * layout.TABLE_BYTES
+                          for i in reversed(range(TABLES_PER_BLOCK)))
+
+    def _new_table(self, capturing):
+        if not self._free:
+            if capturing:
+                raise RuntimeError(
+                    f"more than {TABLES_PER_BLOCK} distinct buffers captured without an "
+                    "exchange; call register_graph_buffers() between captures")
+            self._grow()
+        return self._free.pop()
+
+    def lookup(self, address, nbytes):
+        """The filled table's device address for a registered buffer, else None."""
+        return self._tables.get((address, nbytes))
+
+    def register(self, address, nbytes):
+        """Collective: every rank passes its own buffer of the same size."""
+        known = (address, nbytes) in self._tables
+        exchange.check_agreement(self._node, "the registered buffer's size in bytes (and "
+                                 "whether it was registered before)", (nbytes, known))
+        if known:
+            return
+        self._exchange([(address, nbytes, self._new_table(capturing=False))])
+
+    def defer(self, address, nbytes):
+        """A table for a buffer a capture reads in place; filled by exchange_deferred."""
+        key = (address, nbytes)
+        if key in self._tables:
+            return self._tables[key]
+        if key not in self._deferred:
+            self._deferred[key] = self._new_table(capturing=True)
+        return self._deferred[key]
+
+    @property
+    def pending(self):
+        return len(self._deferred)
+
+    def discard_deferred(self):
+        """Forget the buffers of a capture that failed; their tables are reused."""
+        self._free.extend(self._deferred.values())
+        self._deferred = {}
+
+    def exchange_deferred(self):
+        """Collective: exchange the handles of every buffer captured since the
+        last exchange, in capture order, and fill their tables."""
+        entries = [(address, nbytes, table)
+                   for (address, nbytes), table in self._deferred.items()]
+        exchange.check_agreement(
+            self._node, "the buffers captured since the last exchange (sizes in bytes, in "
+            "capture order): ranks must capture the same collectives in the same order",
+            [nbytes for _, nbytes, _ in entries])
+        self._deferred = {}
+        if entries:
+            self._exchange(entries)
+
+    def _exchange(self, entries):
+        handles = exchange.run_everywhere(
+            self._node, lambda: [_hip.ipc_get_handle(address) for address, _, _ in entries])
+        everyone = self._node.allgather(handles)
+        exchange.run_everywhere(self._node, self._fill, entries, everyone)
+        for address, nbytes, table in entries:
+            self._tables[(address, nbytes)] = table
+
+    def _fill(self, entries, everyone):
+        for index, (address, _, table) in enumerate(entries):
+            pointers = [address if rank == self._rank else
+                        self._resources.peers.open(handles[index])
+                        for rank, handles in enumerate(everyone)]
+            _hip.memcpy_htod(table, layout.pack_table(pointers))

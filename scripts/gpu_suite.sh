@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Tier (b) on the GPU machine, in one command: build pyar, start MPS, run the
+# GPU test suite (ranks share GPU 0 under MPS), run the benchmarks, stop MPS,
+# and print the summary table last.
+#
+#   OUT=/tmp/pyar-out scripts/gpu_suite.sh            # everything
+#   PYAR_SUITE_TESTS="tests/gpu/test_runtime_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
+#
+# Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl,
+# launch.json, bench.json, bench_w8.png, summary.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+TESTS=${PYAR_SUITE_TESTS:-tests}
+BENCH=${PYAR_SUITE_BENCH:-1}
+BENCH_WORLDS=${PYAR_SUITE_BENCH_WORLDS:-2 4 8}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+export PATH=/usr/local/cuda/bin:$PATH
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PYTHONUNBUFFERED=1 PYAR_REQUIRE_GPU=1 PYAR_RESULTS=$OUT/results.jsonl
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+rm -f "$OUT/results.jsonl"
+
+echo "== build"
+start=$(date +%s)
+$PYTHON -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1
+build_status=$?
+build_seconds=$(( $(date +%s) - start ))
+echo "build: exit $build_status in ${build_seconds}s" | tee -a "$OUT/build.log"
+[ $build_status -eq 0 ] || { tail -50 "$OUT/build.log"; exit 1; }
+
+echo "== MPS"
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+nvidia-cuda-mps-control -d && echo "MPS started"
+stop_mps() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; }
+trap stop_mps EXIT
+
+echo "== tests ($TESTS)"
+$PYTHON -m pytest -q -rfEs -m gpu --junitxml="$OUT/junit.xml" $TESTS 2>&1 | tee "$OUT/pytest.log"
+test_status=${PIPESTATUS[0]}
+
+if [ "$BENCH" = 1 ]; then
+  echo "== launch overhead"
+  $PYTHON benchmarks/launch_overhead.py --json "$OUT/launch.json" 2>&1 | tee "$work/launch.txt"
+  for w in $BENCH_WORLDS; do
+    echo "== pyar.bench, $w ranks on one GPU"
+    mpirun -n "$w" --oversubscribe --bind-to none $PYTHON -m pyar.bench --no-progress --staged \
+      --json "$work/bench_w$w.json" --plot "$work/bench_w$w.png" 2>&1 | tee "$work/bench_w$w.txt"
+  done
+  cp "$work"/bench_w8.png "$OUT/" 2>/dev/null
+fi
+
+stop_mps
+trap - EXIT
+$PYTHON scripts/gpu_summary.py --out "$OUT" --bench-dir "$work" --build-seconds "$build_seconds" \
+  --test-status "$test_status" | tee "$OUT/summary.md"
+exit "$test_status"

@@ -1,0 +1,112 @@
+"""The GPU runner's last word: one Markdown summary of the suite and the
+benchmarks, from junit.xml, results.jsonl and the benchmark JSON files."""
+import argparse
+import collections
+import glob
+import json
+import os
+import xml.etree.ElementTree as ET
+
+
+def test_outcomes(junit_path):
+    """{test file: Counter(outcome)} from pytest's junit XML."""
+    outcomes = collections.defaultdict(collections.Counter)
+    if not os.path.exists(junit_path):
+        return outcomes
+    for case in ET.parse(junit_path).getroot().iter("testcase"):
+        group = case.get("classname", "?").rsplit(".", 1)[-1]
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        outcomes[group][outcome] += 1
+    return outcomes
+
+
+def results_table(path):
+    """The scenarios' report() rows, merged per (test, world, algo, dtype, ...)."""
+    if not os.path.exists(path):
+        return []
+    merged = collections.OrderedDict()
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            key = tuple((k, row[k]) for k in sorted(row) if not isinstance(row[k], (int, float))
+                        or k in ("world",))
+            entry = merged.setdefault(key, dict(row, reports=0))
+            if entry["reports"]:
+                for k, v in row.items():
+                    if k in ("calls", "mismatches", "checked") and isinstance(v, (int, float)):
+                        entry[k] = max(entry[k], v)  # every rank reports the same call
+            entry["reports"] += 1
+    return list(merged.values())
+
+
+def markdown(rows, columns):
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--bench-dir")
+    parser.add_argument("--build-seconds", type=float)
+    parser.add_argument("--test-status", type=int)
+    args = parser.parse_args()
+
+    print("# pyar GPU suite summary\n")
+    if args.build_seconds is not None:
+        print(f"build (pip install -e ., kernels included): {args.build_seconds:.0f} s\n")
+    outcomes = test_outcomes(os.path.join(args.out, "junit.xml"))
+    rows = [{"tests": group, **{k: counts.get(k, 0) for k in ("passed", "failed", "skipped")}}
+            for group, counts in sorted(outcomes.items())]
+    total = collections.Counter()
+    for counts in outcomes.values():
+        total.update(counts)
+    rows.append({"tests": "**total**", **{k: total.get(k, 0)
+                                          for k in ("passed", "failed", "skipped")}})
+    print("## Tests\n")
+    print(markdown(rows, ["tests", "passed", "failed", "skipped"]))
+    print(f"\npytest exit status: {args.test_status}\n")
+
+    results = results_table(os.path.join(args.out, "results.jsonl"))
+    if results:
+        columns = []
+        for row in results:
+            columns += [k for k in row if k not in columns and k != "reports"]
+        print("## Scenario results (calls and mismatches per configuration)\n")
+        print(markdown(results, columns))
+        print()
+
+    launch = os.path.join(args.out, "launch.json")
+    if os.path.exists(launch):
+        with open(launch) as f:
+            data = json.load(f)
+        rows = data.get("rows", data) if isinstance(data, dict) else data
+        if isinstance(rows, list) and rows:
+            print("## Launch overhead\n")
+            print(markdown(rows, list(rows[0])))
+            print()
+
+    merged = {}
+    for path in sorted(glob.glob(os.path.join(args.bench_dir or args.out, "bench_w*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        merged[f"w{data['meta']['world']}"] = data
+        meta = data["meta"]
+        print(f"## pyar.bench, {meta['world']} ranks, {meta['device']}, {meta['dtype']}\n")
+        print(markdown([{k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()}
+                        for r in data["rows"]], list(data["rows"][0])))
+        print()
+    if merged:
+        with open(os.path.join(args.out, "bench.json"), "w") as f:
+            json.dump(merged, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Running a test scenario under mpirun and collecting what its ranks report.
+
+A scenario is a Python file in tests/mpi/; each rank prints lines
+``PYAR-RESULT <json>`` for the suite's summary and exits non-zero on failure.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULT_PREFIX = "PYAR-RESULT "
+
+
+def mpirun_command(nranks):
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    if mpirun is None:
+        raise RuntimeError("mpirun not found: install Open MPI (openmpi-bin)")
+    return [mpirun, "-n", str(nranks), "--oversubscribe", "--bind-to", "none"]
+
+
+def run_scenario(scenario, nranks, *args, timeout=600, env=None):
+    """Run tests/mpi/<scenario>.py on ``nranks`` ranks; returns (stdout, results).
+
+    Fails with the ranks' output when any rank fails or the run times out.
+    """
+    script = os.path.join(HERE, "mpi", scenario + ".py")
+    full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    full_env.update(env or {})
+    command = mpirun_command(nranks) + [sys.executable, script, *map(str, args)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=full_env, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{scenario} on {nranks} ranks timed out after {timeout} s:\n"
+                             f"{exc.stdout}\n{exc.stderr}") from None
+    if done.returncode != 0:
+        raise AssertionError(f"{scenario} on {nranks} ranks failed (exit {done.returncode}):\n"
+                             f"{done.stdout[-20000:]}\n{done.stderr[-20000:]}")
+    results = [json.loads(line[len(RESULT_PREFIX):]) for line in done.stdout.splitlines()
+               if line.startswith(RESULT_PREFIX)]
+    record(results)
+    return done.stdout, results
+
+
+def record(results):
+    """Append results to $PYAR_RESULTS (JSON lines) for the GPU runner's summary."""
+    path = os.environ.get("PYAR_RESULTS")
+    if path and results:
+        with open(path, "a") as f:
+            for result in results:
+                f.write(json.dumps(result) + "\n")
+
+
+def report(**fields):
+    """Called inside a scenario: one result line for the summary."""
+    print(RESULT_PREFIX + json.dumps(fields), flush=True)
