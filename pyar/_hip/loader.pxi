@@ -1,4 +1,5 @@
 # Loading the runtime once, under a lock, and turning statuses into HipError.
+import operator
 import os
 import threading
 

@@ -153,15 +153,15 @@ cdef class Function:
                 if kind == ARG_POINTER:
                     slots[i] = as_pointer(value)
                 elif kind == ARG_INT32:
-                    i32 = value
+                    i32 = operator.index(value)  # a float is an error, not a truncation
                     memcpy(&slots[i], &i32, 4)
                 elif kind == ARG_UINT32:
-                    u32 = value
+                    u32 = operator.index(value)
                     memcpy(&slots[i], &u32, 4)
                 elif kind == ARG_INT64:
-                    slots[i] = <uint64_t><int64_t>value
+                    slots[i] = <uint64_t><int64_t>operator.index(value)
                 elif kind == ARG_UINT64:
-                    slots[i] = <uint64_t>value
+                    slots[i] = <uint64_t>operator.index(value)
                 else:
                     f32 = value
                     memcpy(&slots[i], &f32, 4)

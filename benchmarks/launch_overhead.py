@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Host overhead of a kernel launch through pyar, against CuPy in the same run.
+
+Measured, each as the median of several repeats:
+
+- eager launches of an empty kernel: pyar ``Function.launch`` of
+  ``pyar_test_empty`` and a CuPy ``RawKernel`` of ``extern "C" __global__ void
+  empty() {}``, both on the same created (non-blocking) stream.  "host loop" is
+  the wall time of the Python loop issuing the launches divided by their number;
+  "incl. sync" adds the wait for the GPU to drain them (a throughput figure);
+- eager launches of a kernel with 7 arguments (pointer, pointer, int32, int64,
+  uint32, uint64, float32: pyar's ``pyar_test_store_args`` and the same kernel
+  compiled by CuPy), to show the cost of packing arguments;
+- graph replay: 100 empty launches captured into one graph, the graph
+  replayed N times; per launch inside the graph: GPU time between two events,
+  and host time per replay call.  CuPy's capture of the same, where it has it.
+
+    python benchmarks/launch_overhead.py [--launches 10000] [--repeats 7] [--json out.json]
+
+Without CuPy the pyar rows are printed and the baseline is reported missing.
+"""
+import argparse
+import itertools
+import json
+import os
+import platform as host_platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pyar._hip as hip  # noqa: E402
+from pyar import _kernels  # noqa: E402
+
+CUPY_EMPTY_SOURCE = 'extern "C" __global__ void empty() {}'
+CUPY_STORE_ARGS_SOURCE = r'''
+struct ArgRecord {
+  unsigned long long pointer; long long i64; unsigned long long u64;
+  int i32; unsigned int u32; float f32; unsigned int pad;
+};
+extern "C" __global__ void store_args(ArgRecord *out, const void *pointer, int i32,
+                                      long long i64, unsigned int u32,
+                                      unsigned long long u64, float f32) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    out->pointer = reinterpret_cast<unsigned long long>(pointer);
+    out->i64 = i64; out->u64 = u64; out->i32 = i32; out->u32 = u32; out->f32 = f32;
+    out->pad = 0xfeedbeefu;
+  }
+}
+'''
+STORE_ARGTYPES = ("ptr", "ptr", "int32", "int64", "uint32", "uint64", "float32")
+RECORD_BYTES = 40
+
+
+COLUMNS = ("case", "impl", "host_us", "host_min_us", "total_us", "gpu_us",
+           "host_us_per_replay", "error")
+
+
+def _no_op(*args):
+    return None
+
+
+def issue(n, function, args):
+    """Call ``function(*args)`` n times: the loop every eager case shares."""
+    for _ in itertools.repeat(None, n):
+        function(*args)
+
+
+def time_eager(function, args, synchronize, launches, repeats, warmup):
+    """µs per launch over ``repeats`` loops of ``launches`` launches: the
+    issuing loop alone (median, min), and up to the end of the GPU work."""
+    issue(warmup, function, args)
+    synchronize()
+    host, total = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        issue(launches, function, args)
+        issued = time.perf_counter()
+        synchronize()
+        done = time.perf_counter()
+        host.append((issued - start) / launches * 1e6)
+        total.append((done - start) / launches * 1e6)
+    return {"host_us": statistics.median(host), "host_min_us": min(host),
+            "total_us": statistics.median(total)}, host
+
+
+def time_graph(replay, events, elapsed_ms, graph_size, replays, repeats):
+    """Per launch inside the graph: GPU µs between two events around
+    ``replays`` replays, and host µs per replay call.  ``events()`` gives a
+    fresh (start, end) pair of _Recorders bound to the replay stream."""
+    for _ in range(10):
+        replay()
+    _, warm = events()
+    warm()
+    warm.synchronize()
+    gpu, host, total = [], [], []
+    for _ in range(repeats):
+        start_event, end_event = events()
+        start = time.perf_counter()
+        start_event()
+        issue(replays, replay, ())
+        end_event()
+        issued = time.perf_counter()
+        end_event.synchronize()
+        done = time.perf_counter()
+        gpu.append(elapsed_ms(start_event, end_event) * 1e3 / (replays * graph_size))
+        host.append((issued - start) / replays * 1e6)
+        total.append((done - start) / (replays * graph_size) * 1e6)
+    return {"gpu_us": statistics.median(gpu), "host_us_per_replay": statistics.median(host),
+            "total_us": statistics.median(total)}, gpu
+
+
+class _Recorder:
+    """An event bound to a stream: calling it records; synchronize() waits."""
+
+    def __init__(self, event, record):
+        self.event = event
+        self._record = record
+
+    def __call__(self):
+        self._record(self.event)
+
+    def synchronize(self):
+        self.event.synchronize()
+
+
+def make_row(case, impl, library, result=None, error=None):
+    row = {column: None for column in COLUMNS}
+    row.update(case=case, impl=impl, error=error)
+    for key, value in (result or {}).items():
+        row[key] = round(value, 4)
+    row["library"] = library
+    return row
+
+
+def measure_pyar(options, stream, rows, samples):
+    module = _kernels.load("test_kernels")
+    empty = module.get_function("pyar_test_empty")
+    store_args = module.get_function("pyar_test_store_args", STORE_ARGTYPES)
+    record = hip.DeviceMemory(RECORD_BYTES)
+    common = dict(synchronize=stream.synchronize, launches=options.launches,
+                  repeats=options.repeats, warmup=options.warmup)
+
+    def eager(case, impl, library, function, args):
+        result, raw = time_eager(function, args, **common)
+        rows.append(make_row(case, impl, library, result))
+        samples[f"{case} / {impl}"] = raw
+
+    eager("no launch: the loop and a Python call", "Python", "python", _no_op,
+          (1, 1, (), 0, stream))
+    eager("empty kernel, eager", "pyar Function.launch", "pyar", empty.launch,
+          (1, 1, (), 0, stream))
+    args = (record.ptr, record.ptr, -7, -(2**40), 2**31 + 5, 2**63 + 9, 1.25)
+    eager("7 arguments, eager", "pyar Function.launch", "pyar", store_args.launch,
+          (1, 1, args, 0, stream))
+
+    stream.begin_capture()
+    for _ in range(options.graph_size):
+        empty.launch(1, 1, (), 0, stream)
+    graph = stream.end_capture()
+    executable = graph.instantiate()
+    case = f"graph replay ({options.graph_size} empty launches)"
+    result, raw = time_graph(
+        lambda: executable.launch(stream),
+        lambda: (_Recorder(hip.Event(), lambda e: e.record(stream)),
+                 _Recorder(hip.Event(), lambda e: e.record(stream))),
+        lambda a, b: a.event.elapsed_time(b.event),
+        options.graph_size, options.graph_replays, options.repeats)
+    rows.append(make_row(case, "pyar GraphExec.launch", "pyar", result))
+    samples[f"{case} / pyar"] = raw
+    stream.synchronize()
+    executable.close()
+    graph.close()
+    record.free()
+
+
+def measure_cupy(cupy, options, stream, rows, samples):
+    empty = cupy.RawKernel(CUPY_EMPTY_SOURCE, "empty")
+    store_args = cupy.RawModule(code=CUPY_STORE_ARGS_SOURCE).get_function("store_args")
+    record = cupy.zeros(RECORD_BYTES, cupy.uint8)
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy >= 14
+    external = (from_external(stream) if from_external is not None
+                else cupy.cuda.ExternalStream(stream.handle))
+    common = dict(synchronize=stream.synchronize, launches=options.launches,
+                  repeats=options.repeats, warmup=options.warmup)
+
+    def eager(case, impl, function, args):
+        result, raw = time_eager(function, args, **common)
+        rows.append(make_row(case, impl, "cupy", result))
+        samples[f"{case} / {impl}"] = raw
+
+    with external:  # CuPy launches on its current stream: pyar's stream
+        eager("empty kernel, eager", "CuPy RawKernel", empty, ((1,), (1,), ()))
+        args = (record, np.uint64(record.data.ptr), np.int32(-7), np.int64(-(2**40)),
+                np.uint32(2**31 + 5), np.uint64(2**63 + 9), np.float32(1.25))
+        eager("7 arguments, eager", "CuPy RawModule function", store_args,
+              ((1,), (1,), args))
+    case = f"graph replay ({options.graph_size} empty launches)"
+    capture_stream = cupy.cuda.Stream(non_blocking=True)
+    try:
+        with capture_stream:
+            capture_stream.begin_capture()
+            for _ in range(options.graph_size):
+                empty((1,), (1,), ())
+            graph = capture_stream.end_capture()
+    except Exception as error:  # a CuPy without graph capture: say so, keep the rest
+        rows.append(make_row(case, "CuPy Graph.launch", "cupy",
+                             error=f"{type(error).__name__}: {error}"))
+        return
+    result, raw = time_graph(
+        lambda: graph.launch(capture_stream),
+        lambda: (_Recorder(cupy.cuda.Event(), lambda e: e.record(capture_stream)),
+                 _Recorder(cupy.cuda.Event(), lambda e: e.record(capture_stream))),
+        lambda a, b: cupy.cuda.get_elapsed_time(a.event, b.event),
+        options.graph_size, options.graph_replays, options.repeats)
+    rows.append(make_row(case, "CuPy Graph.launch", "cupy", result))
+    samples[f"{case} / cupy"] = raw
+
+
+def load_cupy():
+    """(cupy, None) or (None, why the baseline is missing)."""
+    try:
+        import cupy
+    except ImportError as error:
+        return None, f"CuPy is not installed ({error})"
+    try:
+        cupy.RawKernel(CUPY_EMPTY_SOURCE, "empty").compile()
+    except Exception as error:
+        return None, f"CuPy cannot compile kernels here ({type(error).__name__}: {error})"
+    return cupy, None
+
+
+def fmt(value):
+    return "-" if value is None else f"{value:.3f}"
+
+
+def ratios(rows):
+    """pyar / CuPy for each case both measured: host-loop µs per launch for
+    eager launches, GPU µs per launch for graph replay."""
+    by_case = {}
+    for row in rows:
+        if row["error"] is not None:
+            continue
+        value = row["host_us"] if row["host_us"] is not None else row["gpu_us"]
+        by_case.setdefault(row["case"], {})[row["library"]] = value
+    return {case: round(values["pyar"] / values["cupy"], 4) for case, values in by_case.items()
+            if "pyar" in values and "cupy" in values and values["cupy"]}
+
+
+def markdown(rows, ratio, missing, header):
+    lines = [header, "",
+             "| case | implementation | µs/launch, host loop (median) | min | "
+             "µs/launch incl. sync | graph: GPU µs/launch | graph: host µs/replay |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if row["error"] is not None:
+            lines.append(f"| {row['case']} | {row['impl']} | unavailable: {row['error']} "
+                         "| | | | |")
+            continue
+        lines.append(
+            f"| {row['case']} | {row['impl']} | {fmt(row['host_us'])} | "
+            f"{fmt(row['host_min_us'])} | {fmt(row['total_us'])} | {fmt(row['gpu_us'])} | "
+            f"{fmt(row['host_us_per_replay'])} |")
+    lines.append("")
+    if missing:
+        lines.append(f"CuPy baseline missing: {missing}")
+    else:
+        lines.append("| ratio pyar / CuPy (eager: host loop; graph: GPU time) | value |")
+        lines.append("|---|---:|")
+        for case, value in ratio.items():
+            lines.append(f"| {case} | {value:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--launches", type=int, default=10_000,
+                        help="eager launches per timed loop (default 10000)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed loops per case")
+    parser.add_argument("--warmup", type=int, default=1000, help="untimed launches first")
+    parser.add_argument("--graph-size", type=int, default=100,
+                        help="launches captured into the graph")
+    parser.add_argument("--graph-replays", type=int, default=1000,
+                        help="graph replays per timed loop")
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    options = parser.parse_args(argv)
+    for name in ("launches", "repeats", "graph_size", "graph_replays"):
+        if getattr(options, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+
+    hip.set_device(options.device)
+    device = hip.Device(options.device)
+    stream = hip.Stream()
+    rows, samples = [], {}
+    measure_pyar(options, stream, rows, samples)
+    cupy, missing = load_cupy()
+    if cupy is not None:
+        cupy.cuda.Device(options.device).use()
+        measure_cupy(cupy, options, stream, rows, samples)
+    ratio = ratios(rows)
+    header = (f"## Kernel launch overhead: {device.name} ({device.arch}), pyar on "
+              f"{hip.platform()}, {options.launches} launches x {options.repeats} repeats, "
+              f"graph of {options.graph_size} launches x {options.graph_replays} replays")
+    print(markdown(rows, ratio, missing, header), flush=True)
+    if options.json:
+        result = {
+            "benchmark": "launch_overhead",
+            "device": {"ordinal": options.device, "name": device.name, "arch": device.arch,
+                       "platform": hip.platform(), "driver_version": hip.driver_version()},
+            "host": {"python": sys.version.split()[0], "machine": host_platform.machine()},
+            "config": {k: getattr(options, k) for k in
+                       ("launches", "repeats", "warmup", "graph_size", "graph_replays")},
+            "cupy_version": None if cupy is None else cupy.__version__,
+            "baseline_missing": missing,
+            "rows": rows,
+            "ratio_pyar_over_cupy": ratio,
+            "samples_us": samples,
+        }
+        with open(options.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"\nwrote {options.json}")
+    stream.synchronize()
+    stream.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
