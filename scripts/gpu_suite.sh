@@ -46,7 +46,7 @@ if [ "$BENCH" = 1 ]; then
   $PYTHON benchmarks/launch_overhead.py --json "$OUT/launch.json" 2>&1 | tee "$work/launch.txt"
   for w in $BENCH_WORLDS; do
     echo "== pyar.bench, $w ranks on one GPU"
-    mpirun -n "$w" --oversubscribe --bind-to none $PYTHON -m pyar.bench --no-progress --staged \
+    mpirun -n "$w" --oversubscribe --bind-to none $PYTHON -m pyar.bench --no-progress --staged --graph \
       --json "$work/bench_w$w.json" --plot "$work/bench_w$w.png" 2>&1 | tee "$work/bench_w$w.txt"
   done
   cp "$work"/bench_w8.png "$OUT/" 2>/dev/null

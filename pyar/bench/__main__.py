@@ -17,6 +17,7 @@ from pyar.comm import algorithms
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+GRAPH_CALLS = 20  # all-reduces per captured graph in --graph rows
 
 
 def parse_size(text):
@@ -34,6 +35,8 @@ def parse_args(argv):
                         help="comma-separated: auto, oneshot, twoshot")
     parser.add_argument("--staged", action="store_true",
                         help="also time auto with staged (copied) input")
+    parser.add_argument("--graph", action="store_true",
+                        help=f"also time auto replayed from a graph of {GRAPH_CALLS} calls")
     parser.add_argument("--max-size", type=parse_size, default=parse_size("64M"),
                         help="communicator scratch size")
     parser.add_argument("--warmup", type=int, default=5)
@@ -77,6 +80,8 @@ def sweep(args, comm, mpi):
     plan = [(algo, "registered") for algo in args.algos]
     if args.staged:
         plan.append(("auto", "staged"))
+    if args.graph:
+        plan.append(("auto", "graph"))
     points = [(s, a, m) for s in sizes(args.min, largest) for a, m in plan]
     rows = []
     staged_x = pyar.empty_like(x) if args.staged else None
@@ -84,18 +89,25 @@ def sweep(args, comm, mpi):
         _hip.memcpy_dtod(staged_x.ptr, x.ptr, x.nbytes, stream)
     for index, (nbytes, algo, mode) in enumerate(points):
         count = max(1, nbytes // dtype.itemsize)
-        source = x if mode == "registered" else staged_x
+        source = staged_x if mode == "staged" else x
         src = source if count == source.size else _prefix(source, count)
         dst = y if count == y.size else _prefix(y, count)
-        if mode == "registered" and count != x.size:
+        if mode != "staged" and count != x.size:
             comm.register(src)
         chosen = algorithms.choose(count * dtype.itemsize, world) if algo == "auto" else algo
-
-        def run_once():
-            comm.allreduce(src, out=dst, algo=algo, stream=stream)
-
         iterations = args.iters or measure.iterations_for(nbytes)
-        seconds = measure.time_per_call(mpi, run_once, iterations, args.warmup, stream)
+        if mode == "graph":
+            with comm.capture(stream) as graph:
+                for _ in range(GRAPH_CALLS):
+                    comm.allreduce(src, out=dst, algo=algo, stream=stream)
+            seconds = measure.time_per_call(
+                mpi, lambda: graph.replay(stream), max(1, iterations // GRAPH_CALLS),
+                1, stream) / GRAPH_CALLS
+            graph.close()
+        else:
+            seconds = measure.time_per_call(
+                mpi, lambda: comm.allreduce(src, out=dst, algo=algo, stream=stream),
+                iterations, args.warmup, stream)
         comm.synchronize(stream)
         moved = count * dtype.itemsize
         algbw = moved / seconds / 1e9
@@ -104,7 +116,7 @@ def sweep(args, comm, mpi):
             total = world * traffic.kernel_bytes(chosen, moved, world, mode == "staged")
             hbm = total / seconds / copy_bw
         rows.append({"bytes": moved, "count": count, "dtype": args.dtype, "algo": chosen
-                     if algo != "auto" else f"auto:{chosen}", "input": mode,
+                     if algo != "auto" else f"auto:{chosen}", "mode": mode,
                      "time_us": seconds * 1e6, "algbw_GBps": algbw,
                      "busbw_GBps": algbw * 2 * (world - 1) / world, "hbm_eff": hbm})
         if mpi.Get_rank() == 0 and not args.no_progress:

@@ -10,7 +10,7 @@ def human_bytes(n):
         n /= 1024
 
 
-COLUMNS = [("size", 10), ("count", 11), ("type", 9), ("algo", 8), ("input", 10),
+COLUMNS = [("size", 10), ("count", 11), ("type", 9), ("algo", 13), ("mode", 10),
            ("time_us", 10), ("algbw_GBps", 11), ("busbw_GBps", 11), ("hbm_eff", 8)]
 
 
@@ -20,7 +20,7 @@ def table(rows, title):
              "|" + "|".join("-" * (width + 2) for _, width in COLUMNS) + "|"]
     for row in rows:
         cells = [human_bytes(row["bytes"]), str(row["count"]), row["dtype"], row["algo"],
-                 row["input"], f"{row['time_us']:.2f}", f"{row['algbw_GBps']:.2f}",
+                 row["mode"], f"{row['time_us']:.2f}", f"{row['algbw_GBps']:.2f}",
                  f"{row['busbw_GBps']:.2f}",
                  "-" if row.get("hbm_eff") is None else f"{row['hbm_eff']:.0%}"]
         lines.append("| " + " | ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS)) + " |")
@@ -43,7 +43,7 @@ def save_plot(path, rows, title):
     fig, ax = plt.subplots(figsize=(8, 5))
     series = {}
     for row in rows:
-        series.setdefault(f"{row['algo']} ({row['input']})", []).append(row)
+        series.setdefault(f"{row['algo']} ({row['mode']})", []).append(row)
     for label, points in sorted(series.items()):
         ax.plot([p["bytes"] for p in points], [p["time_us"] for p in points], marker="o",
                 label=label)

@@ -14,6 +14,7 @@ from pyar.comm.resources import Resources
 
 DEFAULT_MAX_SIZE = 64 << 20
 DEFAULT_TIMEOUT = 300.0
+MAX_TIMEOUT = 1e6  # the kernels count nanoseconds in 64 bits; 11 days is plenty
 MAX_WORLD = 8
 
 _KERNEL_TYPES = {
@@ -53,8 +54,8 @@ class Communicator:
             raise ValueError(f"max_size must be a positive int (bytes), got {max_size!r}")
         timeout = float(os.environ.get("PYAR_TIMEOUT", DEFAULT_TIMEOUT)
                         if timeout is None else timeout)
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if not 0 < timeout <= MAX_TIMEOUT:
+            raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds, got {timeout}")
         self._closed = True  # until construction completes
         self._node = exchange.node_local(mpi_comm)
         self.rank = self._node.Get_rank()
@@ -231,7 +232,8 @@ class Communicator:
         all-reduces of ``x`` read it in place instead of staging a copy.
 
         Every rank registers its own buffer of the same size, and every rank
-        must then pass its registered buffer to the same calls.
+        must then pass its registered buffer to the same calls.  The
+        communicator keeps the buffer alive until it is closed.
         """
         self._check_usable()
         x = self._device_array(x, "x")
@@ -240,7 +242,7 @@ class Communicator:
                              f"(address {x.ptr:#x})")
         if self.world == 1:
             return
-        self._registry.register(x.ptr, x.nbytes)
+        self._registry.register(x)
 
     def register_graph_buffers(self):
         """Collective: exchange the handles of the unregistered inputs that
@@ -292,7 +294,7 @@ class Communicator:
         if source.handle and source.is_capturing:
             # Recorded, not staged: the graph reads x in place once the ranks
             # have exchanged its handle (register_graph_buffers).
-            registered = self._registry.defer(x.ptr, x.nbytes)
+            registered = self._registry.defer(x)
         else:
             registered = self._registry.lookup(x.ptr, x.nbytes)
         algo = self._plan(x, out, algo, registered is not None)

@@ -35,13 +35,14 @@ def run_everywhere(comm, step, *args):
         result, error = step(*args), None
     except Exception as exc:  # re-raised below, on every rank
         result, error = None, exc
-    errors = comm.allgather(error)
-    failed = [(rank, exc) for rank, exc in enumerate(errors) if exc is not None]
+    # Only text crosses ranks: an exception need not be picklable.
+    summaries = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    failed = [(rank, text) for rank, text in enumerate(summaries) if text is not None]
     if failed:
         if error is not None:
             raise error
-        rank, exc = failed[0]
-        raise RuntimeError(f"rank {rank} failed: {type(exc).__name__}: {exc}") from exc
+        rank, text = failed[0]
+        raise RuntimeError(f"rank {rank} failed: {text}")
     return result
 
 

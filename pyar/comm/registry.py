@@ -7,6 +7,10 @@ together (``register``), or when a stream capture records a call on it
 table is filled after the capture, once the ranks have exchanged handles
 (``exchange_deferred``).
 
+A registered buffer is kept alive until the communicator closes: freed and
+reallocated at the same address, it would otherwise be read through peers'
+stale mappings of the old one.
+
 Tables come from blocks allocated ahead: allocating device memory is not
 allowed while a stream captures in the global mode."""
 from pyar import _hip
@@ -22,6 +26,7 @@ class BufferRegistry:
         self._resources = resources
         self._tables = {}    # (address, nbytes) -> table address, filled
         self._deferred = {}  # (address, nbytes) -> table address, not yet filled
+        self._arrays = {}    # (address, nbytes) -> the array, kept alive
         self._free = []
         self._grow()
 
@@ -43,22 +48,25 @@ class BufferRegistry:
         """The filled table's device address for a registered buffer, else None."""
         return self._tables.get((address, nbytes))
 
-    def register(self, address, nbytes):
+    def register(self, array):
         """Collective: every rank passes its own buffer of the same size."""
+        address, nbytes = array.ptr, array.nbytes
         known = (address, nbytes) in self._tables
         exchange.check_agreement(self._node, "the registered buffer's size in bytes (and "
                                  "whether it was registered before)", (nbytes, known))
         if known:
             return
+        self._arrays[(address, nbytes)] = array
         self._exchange([(address, nbytes, self._new_table(capturing=False))])
 
-    def defer(self, address, nbytes):
+    def defer(self, array):
         """A table for a buffer a capture reads in place; filled by exchange_deferred."""
-        key = (address, nbytes)
+        key = (array.ptr, array.nbytes)
         if key in self._tables:
             return self._tables[key]
         if key not in self._deferred:
             self._deferred[key] = self._new_table(capturing=True)
+            self._arrays[key] = array
         return self._deferred[key]
 
     @property
@@ -68,6 +76,8 @@ class BufferRegistry:
     def discard_deferred(self):
         """Forget the buffers of a capture that failed; their tables are reused."""
         self._free.extend(self._deferred.values())
+        for key in self._deferred:
+            del self._arrays[key]
         self._deferred = {}
 
     def exchange_deferred(self):
@@ -75,10 +85,14 @@ class BufferRegistry:
         last exchange, in capture order, and fill their tables."""
         entries = [(address, nbytes, table)
                    for (address, nbytes), table in self._deferred.items()]
-        exchange.check_agreement(
-            self._node, "the buffers captured since the last exchange (sizes in bytes, in "
-            "capture order): ranks must capture the same collectives in the same order",
-            [nbytes for _, nbytes, _ in entries])
+        try:
+            exchange.check_agreement(
+                self._node, "the buffers captured since the last exchange (sizes in bytes, in "
+                "capture order): ranks must capture the same collectives in the same order",
+                [nbytes for _, nbytes, _ in entries])
+        except exchange.MismatchError:
+            self.discard_deferred()
+            raise
         self._deferred = {}
         if entries:
             self._exchange(entries)

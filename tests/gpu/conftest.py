@@ -1,11 +1,16 @@
 """Fixtures the GPU tests share."""
 import os
+import subprocess
+import sys
 import zlib
 
 import numpy as np
 import pytest
 
 from tests.gpu_kernels import GpuTestKernels
+from tests.mpi_launch import ROOT
+
+REQUIRE_GPU = os.environ.get("PYAR_REQUIRE_GPU") == "1"
 
 
 @pytest.fixture
@@ -23,3 +28,53 @@ def rng(seed):
 @pytest.fixture(scope="module")
 def kernels():
     return GpuTestKernels()
+
+
+def _device_platform_and_arch():
+    # In a subprocess, like conftest's probe: the test process itself stays
+    # off the GPU (the scenarios' ranks share it under MPS).
+    probe = "import pyar\nprint(pyar.platform(), pyar.Device(0).arch)\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) != 2:
+        raise AssertionError(f"cannot read the GPU's arch:\n{done.stdout}\n{done.stderr}")
+    return words[0], words[1].split(":")[0]  # "gfx942:sramecc+:xnack-" -> "gfx942"
+
+
+def _unavailable(reason):
+    if REQUIRE_GPU:
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def kernels_without_exit_barrier(tmp_path_factory):
+    """src/kernels/allreduce.cu built with PYAR_TEST_SKIP_EXIT_BARRIER for
+    this GPU, once per test session."""
+    sys.path.insert(0, ROOT)
+    import setup_kernels
+
+    platform, arch = _device_platform_and_arch()
+    source = os.path.join(ROOT, "src", "kernels", "allreduce.cu")
+    out_dir = tmp_path_factory.mktemp("control_kernels")
+    defines = ("PYAR_TEST_SKIP_EXIT_BARRIER",)
+    env = None
+    if platform == "cuda":
+        compiler = setup_kernels.find_nvcc()
+        if compiler is None:
+            _unavailable("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda): cannot build the "
+                         "positive control's kernels")
+        output = str(out_dir / "allreduce_no_exit_barrier.fatbin")
+        command = setup_kernels.nvcc_command(compiler, source, output, (arch,), defines)
+    else:
+        compiler = setup_kernels.find_hipcc()
+        if compiler is None:
+            _unavailable("hipcc not found: cannot build the positive control's kernels")
+        output = str(out_dir / "allreduce_no_exit_barrier.hsaco")
+        command = setup_kernels.hipcc_command(compiler, source, output, (arch,), defines)
+        env = setup_kernels.hip_environment()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout}\n{done.stderr}"
+    assert os.path.getsize(output) > 0
+    return output

@@ -1,0 +1,134 @@
+"""The all-reduce on a real GPU, at world sizes 2, 3, 4 and 8 (and 1 for the
+API), every rank on GPU 0 under MPS on the one-GPU machine.
+
+Each test runs one scenario of tests/mpi/allreduce_*.py under mpirun
+(tests.mpi_launch.run_scenario); a scenario covers fp32/fp16/bf16 and both
+algorithms itself, to keep the number of mpirun launches down, checks every
+result on every rank, exits non-zero on every rank when any check failed, and
+prints summary rows (test, world, algo, dtype, calls, mismatches, ...) that
+the test asserts on and the GPU runner tabulates.
+"""
+import pytest
+
+from tests.gpu.scenarios import rows_of, scenario
+
+pytestmark = pytest.mark.gpu
+
+WORLDS = [2, 3, 4, 8]
+
+
+# --- correctness ------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_probe_all_ones(world):
+    """Every rank's input is all ones -> every element of every call equals
+    the world size exactly: 50 calls per (dtype, algo, size), sizes 1, 7, 4095,
+    2**20 + 3, each into an output poisoned with NaN just before."""
+    rows = rows_of(scenario("allreduce_probe", world), "probe")
+    assert {(r["dtype"], r["algo"]) for r in rows} == {
+        (d, a) for d in ("float32", "float16", "bfloat16") for a in ("oneshot", "twoshot")}
+    for row in rows:
+        assert row["calls"] >= 4 * 50, row
+        assert row["mismatches"] == 0, row
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_random_inputs(world):
+    """Random per-rank inputs against a float64 reference with a per-dtype
+    tolerance; sizes 1, 7, 4095, 2**20 + 3, and around and over a 1 MiB
+    scratch buffer (chunked); staged/registered, out of place/in place,
+    one-shot/two-shot/auto; bitwise identical across ranks, ways and
+    algorithms; out-of-place inputs unchanged."""
+    rows = rows_of(scenario("allreduce_random", world, timeout=420), "random")
+    assert {(r["dtype"], r["algo"]) for r in rows} == {
+        (d, a) for d in ("float32", "float16", "bfloat16")
+        for a in ("oneshot", "twoshot", "auto")}
+    for row in rows:
+        assert row["calls"] > 0, row
+        assert row["mismatches"] == 0, row
+        for key in ("out_of_tolerance", "variant_differences", "rank_differences",
+                    "input_changed"):
+            assert row[key] == 0, (key, row)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_adversarial_write_after_read(world):
+    """The seeds' bug provoked: 1000 calls per (dtype, algo, variant), queued
+    50 at a time with no host sync; every caller overwrites its input with NaN
+    right after each call while random ranks are delayed or disturbed; staged
+    and registered inputs.  Zero mismatches."""
+    rows = rows_of(scenario("allreduce_adversarial", world, "main", timeout=420),
+                   "adversarial")
+    assert {(r["dtype"], r["algo"], r["variant"]) for r in rows} == {
+        (d, a, v) for d in ("float32", "float16", "bfloat16") for a in ("oneshot", "twoshot")
+        for v in ("staged", "registered")}
+    for row in rows:
+        assert row["calls"] >= 1000, row
+        assert row["mismatches"] == 0, row
+
+
+# --- the positive control -----------------------------------------------------------
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_positive_control_detects_missing_exit_barrier(world, kernels_without_exit_barrier):
+    """The adversarial scenario against a test-only build of the kernels with
+    the exit barrier compiled out (PYAR_TEST_SKIP_EXIT_BARRIER) must see wrong
+    results: proof that the adversarial test can see the seeds' bug.
+
+    One-shot only: that is the kernel whose exit barrier is load-bearing.  In
+    two-shot, peers finish reading a rank's input and partial scratch before
+    the mid barrier, so a two-shot kernel without its exit barrier is still
+    correct (see the comment in allreduce.cu) and no test can tell.  The
+    scenario escalates the disturbance (sizes, delays, noise) while it has
+    seen no mismatch, within a budget of calls and time."""
+    rows = scenario("allreduce_adversarial", world, "control", kernels_without_exit_barrier,
+                    timeout=420)
+    total = rows_of(rows, "control-total")[0]
+    tried = rows_of(rows, "control")
+    assert total["mismatches"] > 0 or total["timeouts"] > 0, (
+        f"the adversarial scenario saw no wrong result (and no timeout) in {total['calls']} "
+        f"one-shot calls without the exit barrier on {world} ranks: it cannot detect the bug "
+        f"it exists for\n{tried}")
+
+
+# --- failures are reported, never hang ----------------------------------------------
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_timeout_and_debug_mismatch(world):
+    """PYAR_DEBUG=1: disagreeing sizes or dtypes raise MismatchError naming the
+    ranks on every rank, before any kernel runs.  Communicator(timeout=2.0):
+    when the last rank skips a call, every other rank's synchronize raises
+    CollectiveTimeout within timeout + 10 s naming exactly that rank, later
+    calls raise too, and every process exits cleanly (one-shot and two-shot)."""
+    rows = scenario("allreduce_failures", world, timeout=240,
+                    env={"PYAR_DEBUG": "1", "PYAR_TIMEOUT": "30"})
+    mismatch = rows_of(rows, "debug-mismatch")[0]
+    assert mismatch["ranks_raised"] == 2 * world, mismatch
+    timeouts = rows_of(rows, "timeout")
+    assert {r["algo"] for r in timeouts} == {"oneshot", "twoshot"}
+    for row in timeouts:
+        assert row["raised"] == world - 1, row
+        assert row["missing"] == [world - 1], row
+        assert row["timeout"] * 0.9 <= row["elapsed"] < row["timeout"] + 10, row
+
+
+# --- the API ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [1] + WORLDS)
+def test_api_and_bad_input(world):
+    """Bad arguments raise the documented errors on every rank and leave the
+    communicator usable (wrong dtype -> TypeError, wrong out -> ValueError,
+    host arrays -> TypeError, misaligned out -> ValueError, closed ->
+    ValueError, ...); streams in every accepted form; 2-d and empty arrays;
+    world size 1: a copy, in place a no-op."""
+    rows = rows_of(scenario("allreduce_api", world, timeout=240), "api")
+    assert rows[0]["mismatches"] == 0, rows
+
+
+def test_freed_registered_buffer_is_not_reused():
+    """A registered buffer is freed and a new one of the same size allocated
+    (usually at the same address): its all-reduce must sum the new contents,
+    not read through the peers' mappings of the freed buffer."""
+    rows = rows_of(scenario("allreduce_api", 2, "stale-registration", timeout=240),
+                   "stale-registration")
+    assert rows[0]["mismatches"] == 0, rows

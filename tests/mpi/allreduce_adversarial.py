@@ -1,0 +1,259 @@
+"""Adversarial write-after-read: the seeds' bug, provoked on purpose.
+
+Every call's consumer overwrites the call's input at once (a kernel on the
+same stream writing NaN over it) while randomly chosen ranks are delayed (a
+spin kernel on the stream before the call) or disturbed (spin kernels over
+every multiprocessor on a second stream, started with the call), so that
+ranks leave the kernel at different times.  A kernel that returns before
+every peer has finished reading its buffers lets a slow peer sum the NaN (or,
+for staged inputs, the next call's staged data) into its result.
+
+Calls are queued in rounds of K on one stream with no host synchronization
+in between: per call k a distinct input x_k (integers in [-8, 8], one of
+PATTERNS patterns per rank, consecutive calls never the same pattern) into a
+distinct output y_k (NaN beforehand).  After each round every y_k is compared
+bit for bit with the exact sum, which every rank computes from the seeds.
+Variants: "staged" (the input is copied into the communicator's scratch, so
+the next call's staging copy overwrites what slow peers read) and
+"registered" (x_k was registered: peers read x_k itself, and the NaN
+overwrite is the hazard).
+
+Modes:
+  main              one-shot and two-shot, fp32/fp16/bf16, both variants,
+                    CALLS calls each; every mismatch fails the scenario.
+  control PATH      the positive control: one-shot only, on a Communicator
+                    whose code object PATH was built without the exit barrier
+                    (PYAR_TEST_SKIP_EXIT_BARRIER).  Runs each (dtype, variant)
+                    until it sees a mismatch, escalating the disturbance level
+                    while none of them has, within a call and time budget.
+                    Reports mismatches; never fails for them (the test asserts
+                    that they were seen).
+
+Usage: allreduce_adversarial.py main | control PATH
+"""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import pyar
+from pyar import _hip
+from allreduce_common import (
+    ALGOS, DTYPES, NAN_WORD, bits, describe_difference, exact_sum, rng, run, small_integers,
+)
+from tests.gpu_kernels import GpuTestKernels
+
+K = 50            # calls per round
+CALLS = 1000      # per (dtype, algo, variant) in main mode
+PATTERNS = 5
+TAIL_BYTES = 12   # a tail that is not a whole 16-byte pack, and a multiple of 4 bytes
+
+
+class Level:
+    """How hard the ranks are disturbed."""
+
+    def __init__(self, nbytes, delay_p, delay_us, noise_p, noise_us, noise_per_sm):
+        self.nbytes = nbytes              # per call, before the tail
+        self.delay_p = delay_p            # chance that a rank spins before a call
+        self.delay_us = delay_us          # ... for up to this long
+        self.noise_p = noise_p            # chance of spin kernels on a second stream
+        self.noise_us = noise_us          # ... for up to this long
+        self.noise_per_sm = noise_per_sm  # ... with this many blocks per multiprocessor
+
+    def describe(self):
+        return dict(bytes=self.nbytes, delay_p=self.delay_p, delay_us=self.delay_us,
+                    noise_p=self.noise_p, noise_us=self.noise_us,
+                    noise_blocks_per_sm=self.noise_per_sm)
+
+
+MAIN_LEVEL = Level(1 << 20, 0.3, 200, 0.2, 200, 1)
+CONTROL_LEVELS = (
+    MAIN_LEVEL,
+    Level(2 << 20, 0.5, 200, 0.5, 300, 4),
+    Level(4 << 20, 0.5, 300, 0.8, 500, 16),
+)
+CONTROL_CALLS = 1000    # per (level, dtype, variant), ending at the first mismatch
+CONTROL_SECONDS = 150   # overall budget of the control
+CONTROL_TIMEOUT = 1.0   # seconds; legitimate waits here last well under a millisecond
+
+
+class Workload:
+    """The buffers of one (dtype, level): input patterns, K inputs per
+    variant, K outputs, and the expected sums."""
+
+    def __init__(self, sc, comm, kernels, streams, dtype, level, key, variants):
+        self.sc, self.comm, self.kernels = sc, comm, kernels
+        self.stream, self.noise_stream = streams
+        self.dtype, self.level = dtype, level
+        self.n = level.nbytes // dtype.itemsize + TAIL_BYTES // dtype.itemsize
+        self.nbytes = self.n * dtype.itemsize
+        assert self.nbytes % 4 == 0
+        self.sms = pyar.Device(comm.device).multiprocessor_count
+        stream = self.stream
+        patterns = [[small_integers(dtype, self.n, *key, r, j) for j in range(PATTERNS)]
+                    for r in range(sc.world)]
+        self.expected = [bits(exact_sum([patterns[r][j] for r in range(sc.world)], dtype))
+                         for j in range(PATTERNS)]
+        self.sources = [pyar.asarray(p, stream=stream) for p in patterns[sc.rank]]
+        del patterns
+        self.outs = [pyar.empty((self.n,), dtype, stream=stream) for _ in range(K)]
+        self.inputs = {}
+        for variant in variants:
+            xs = [pyar.empty((self.n,), dtype, stream=stream) for _ in range(K)]
+            if variant == "registered":
+                for x in xs:
+                    comm.register(x)  # collective; kept alive until the communicator closes
+            self.inputs[variant] = xs
+        self.shared = rng(*key, 1_000_003)              # the same on every rank
+        self.local = rng(*key, 2_000_003, sc.rank)      # this rank's disturbances
+        self.last = -1
+        self.details = 0
+
+    def round(self, algo, variant, tolerate_timeout=False):
+        """K calls back to back; returns (how many of this rank's results were
+        wrong, whether a call timed out here).  A timeout raises unless
+        ``tolerate_timeout``; then this rank's results of the round are not
+        counted (the call that timed out did no work)."""
+        comm, kernels, stream, level = self.comm, self.kernels, self.stream, self.level
+        words = self.nbytes // 4
+        xs = self.inputs[variant]
+        chosen = []
+        for k in range(K):
+            j = (self.last + 1 + int(self.shared.integers(PATTERNS - 1))) % PATTERNS
+            self.last = j
+            chosen.append(j)
+            _hip.memcpy_dtod(xs[k].ptr, self.sources[j].ptr, self.nbytes, stream)
+            kernels.fill_u32(self.outs[k].ptr, NAN_WORD, words, stream)
+        for k in range(K):
+            if self.local.random() < level.noise_p:
+                self.noise_stream.wait(stream)  # the noise starts with this call
+                kernels.spin(self.local.uniform(0, level.noise_us), self.noise_stream,
+                             blocks=self.sms * level.noise_per_sm)
+            if self.local.random() < level.delay_p:
+                kernels.spin(self.local.uniform(0, level.delay_us), stream)
+            comm.allreduce(xs[k], out=self.outs[k], algo=algo, stream=stream)
+            kernels.fill_u32(xs[k].ptr, NAN_WORD, words, stream)  # the consumer reuses x_k
+        try:
+            comm.synchronize(stream)
+        except pyar.CollectiveTimeout as exc:
+            if not tolerate_timeout:
+                raise
+            self.noise_stream.synchronize()
+            self.sc.log(f"{self.dtype.name} {algo} {variant}: {exc}")
+            return 0, True
+        self.noise_stream.synchronize()
+        wrong = 0
+        for k in range(K):
+            got = self.outs[k].get(stream=stream)
+            if not np.array_equal(bits(got), self.expected[chosen[k]]):
+                wrong += 1
+                if self.details < 5:
+                    self.details += 1
+                    want = self.expected[chosen[k]].view(self.dtype)
+                    self.sc.log(f"{self.dtype.name} {algo} {variant} call {k} of a round: "
+                                f"{describe_difference(got, want)}")
+        return wrong, False
+
+
+def setup(sc, kernels_path=None, timeout=60.0):
+    kwargs = {} if kernels_path is None else {"kernels": kernels_path}
+    comm = pyar.Communicator(MPI.COMM_WORLD, timeout=timeout, **kwargs)
+    kernels = GpuTestKernels(comm.device)
+    streams = (pyar.Stream(), pyar.Stream())
+    return comm, kernels, streams
+
+
+def main_mode(sc):
+    comm, kernels, streams = setup(sc)
+    variants = ("staged", "registered")
+    keep = []
+    for d, dtype in enumerate(DTYPES):
+        work = Workload(sc, comm, kernels, streams, dtype, MAIN_LEVEL, (d, 0), variants)
+        keep.append(work.inputs["registered"])
+        for algo in ALGOS:
+            for variant in variants:
+                wrong = calls = 0
+                started = time.monotonic()
+                for _ in range(CALLS // K):
+                    wrong += work.round(algo, variant)[0]
+                    calls += K
+                sc.check(wrong == 0, f"{dtype.name} {algo} {variant}: {wrong} of {calls} "
+                                     "results were wrong")
+                sc.report(test="adversarial", algo=algo, dtype=dtype.name, variant=variant,
+                          calls=calls, mismatches=sc.sum(wrong),
+                          seconds=round(sc.max(time.monotonic() - started), 2),
+                          **MAIN_LEVEL.describe())
+    comm.close()
+
+
+def control_mode(sc, kernels_path):
+    """Without the exit barrier a fast rank can also store its start flag for
+    the next call before a slow peer has seen the one for this call; the
+    peer then waits for a value that never comes and times out.  That is the
+    bug showing too (the main scenario would fail with CollectiveTimeout), so
+    the control uses a short timeout, counts timeouts apart from wrong
+    results, and continues on a fresh communicator after one."""
+    def connect():
+        comm, kernels, streams = setup(sc, kernels_path, timeout=CONTROL_TIMEOUT)
+        return comm, kernels, streams
+
+    comm, kernels, streams = connect()
+    keep = []  # registered buffers live as long as their communicator
+    started = time.monotonic()
+    detected = timeouts = calls_total = 0
+    out_of_time = False
+    for li, level in enumerate(CONTROL_LEVELS):
+        for d, dtype in enumerate(DTYPES):
+            for variant in ("registered", "staged"):
+                work = Workload(sc, comm, kernels, streams, dtype, level, (d, 10 + li),
+                                (variant,))
+                keep.append(work.inputs.get("registered"))
+                calls = found = broken = 0
+                while calls < CONTROL_CALLS:
+                    wrong, timed_out = work.round("oneshot", variant, tolerate_timeout=True)
+                    calls += K
+                    found += sc.sum(wrong)
+                    if sc.any(timed_out):
+                        broken += 1
+                        del work
+                        comm.close()  # collective; every rank's kernels have returned
+                        keep.clear()
+                        comm, kernels, streams = connect()
+                        work = Workload(sc, comm, kernels, streams, dtype, level, (d, 10 + li),
+                                        (variant,))
+                        keep.append(work.inputs.get("registered"))
+                    out_of_time = sc.max(time.monotonic() - started) > CONTROL_SECONDS
+                    if found or out_of_time:
+                        break
+                del work
+                detected += found
+                timeouts += broken
+                calls_total += calls
+                sc.report(test="control", algo="oneshot", dtype=dtype.name, variant=variant,
+                          level=li, calls=calls, mismatches=found, timeouts=broken,
+                          seconds=round(sc.max(time.monotonic() - started), 2),
+                          **level.describe())
+                if out_of_time:
+                    break
+            if out_of_time:
+                break
+        if detected or out_of_time:
+            break
+    sc.report(test="control-total", algo="oneshot", calls=calls_total, mismatches=detected,
+              timeouts=timeouts, seconds=round(sc.max(time.monotonic() - started), 2))
+    comm.close()
+    keep.clear()
+
+
+def main(sc):
+    mode = sc.argv[0] if sc.argv else "main"
+    if mode == "main":
+        main_mode(sc)
+    elif mode == "control":
+        control_mode(sc, sc.argv[1])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}: main | control PATH")
+
+
+if __name__ == "__main__":
+    run("allreduce_adversarial", main)

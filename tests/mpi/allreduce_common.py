@@ -1,0 +1,169 @@
+"""Shared pieces of the all-reduce GPU scenarios (tests/mpi/allreduce_*.py),
+which tests/gpu/test_allreduce_gpu.py runs under mpirun, every rank on GPU
+``rank % devices`` (all on GPU 0 on the one-GPU machine, under MPS).
+
+How a scenario fails, so that no rank is left waiting for a peer:
+- a failed check never raises: it is printed and counted, and ``run`` agrees
+  across ranks (an MPI all-reduce of the failure flags) whether any rank
+  failed; then every rank exits 1;
+- an unexpected exception prints its traceback and aborts the whole job
+  (``MPI.Abort``), which mpirun reports as a failure;
+- a watchdog (faulthandler) dumps every thread's stack and exits the rank if
+  it is still running after $PYAR_SCENARIO_WATCHDOG seconds (a hang).
+
+Summary rows (``tests.mpi_launch.report``) come from rank 0 only and hold
+totals over all ranks: ``calls`` is the number of collective calls (each rank
+made that many), ``mismatches`` the number of (rank, call) results that were
+wrong.
+"""
+import faulthandler
+import os
+import sys
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from tests.mpi_launch import report as _report  # noqa: E402
+
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+ALGOS = ("oneshot", "twoshot")
+NAN_BYTE = 0xFF  # 0xff.. is a NaN in fp32, fp16 and bf16
+NAN_WORD = 0xFFFFFFFF
+SEED = 20261202 ^ int(os.environ.get("PYAR_TEST_SEED", "0"))
+DEFAULT_WATCHDOG = 540.0
+
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def bits(array):
+    """The raw bits of a host array (for bitwise comparisons; NaN-safe)."""
+    return np.ascontiguousarray(array).view(_UNSIGNED[array.dtype.itemsize])
+
+
+def rng(*key):
+    """A generator seeded by the scenario seed and ``key`` (ints)."""
+    return np.random.default_rng([SEED, *[int(k) for k in key]])
+
+
+def small_integers(dtype, n, *key):
+    """Integers in [-8, 8] as ``dtype``: any sum of up to 8 of them is exact in
+    fp32, fp16 and bf16, in any order."""
+    return rng(*key).integers(-8, 9, size=n, dtype=np.int8).astype(dtype)
+
+
+def normal(dtype, n, *key):
+    return rng(*key).standard_normal(n, dtype=np.float32).astype(dtype)
+
+
+def exact_sum(arrays, dtype):
+    """Sum of integer-valued arrays, exactly, as ``dtype``."""
+    total = np.zeros(arrays[0].shape, np.int32)
+    for a in arrays:
+        total += a.astype(np.float32).astype(np.int32)
+    return total.astype(np.float32).astype(dtype)
+
+
+def describe_difference(got, want):
+    """A short description of where two same-shape host arrays differ."""
+    g, w = bits(got), bits(want)
+    bad = np.flatnonzero(g != w)
+    if bad.size == 0:
+        return "equal"
+    g32 = got.astype(np.float32)
+    nans = int(np.count_nonzero(np.isnan(g32[bad])))
+    first = int(bad[0])
+    return (f"{bad.size} of {got.size} elements differ ({nans} NaN), first at {first}: "
+            f"got {g32[first]!r}, want {float(want.astype(np.float32)[first])!r}")
+
+
+class Scenario:
+    """One rank's view of a scenario: its rank, the world, failure counting."""
+
+    def __init__(self, name):
+        self.name = name
+        self.mpi = MPI.COMM_WORLD
+        self.rank = self.mpi.Get_rank()
+        self.world = self.mpi.Get_size()
+        self.failures = 0
+        self.argv = sys.argv[1:]
+        watchdog = float(os.environ.get("PYAR_SCENARIO_WATCHDOG", DEFAULT_WATCHDOG))
+        faulthandler.dump_traceback_later(watchdog, exit=True)
+
+    def log(self, message):
+        print(f"[{self.name} rank {self.rank}/{self.world}] {message}", flush=True)
+
+    def check(self, ok, message):
+        """Count and print a failed check; never raises."""
+        if not ok:
+            self.failures += 1
+            if self.failures <= 40:
+                self.log("FAIL: " + message)
+            elif self.failures == 41:
+                self.log("FAIL: (further failures not printed)")
+        return bool(ok)
+
+    def expect_raises(self, kinds, call, what, contains=()):
+        """Check that ``call()`` raises one of ``kinds``; returns the exception."""
+        try:
+            call()
+        except kinds as exc:
+            text = str(exc)
+            for part in contains:
+                self.check(part in text, f"{what}: message {text!r} lacks {part!r}")
+            return exc
+        except Exception as exc:  # noqa: BLE001 - reported as a failed check
+            self.check(False, f"{what}: raised {type(exc).__name__}: {exc}; expected "
+                              f"{_names(kinds)}")
+            return None
+        self.check(False, f"{what}: raised nothing; expected {_names(kinds)}")
+        return None
+
+    def sum(self, value):
+        return self.mpi.allreduce(value, op=MPI.SUM)
+
+    def max(self, value):
+        return self.mpi.allreduce(value, op=MPI.MAX)
+
+    def any(self, flag):
+        return self.mpi.allreduce(bool(flag), op=MPI.LOR)
+
+    def report(self, **fields):
+        """A summary row from rank 0 (pass totals that every rank computed)."""
+        if self.rank == 0:
+            _report(world=self.world, **fields)
+
+
+def _names(kinds):
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def run(name, main):
+    """Run ``main(scenario)`` on this rank and exit with the agreed status."""
+    scenario = Scenario(name)
+    try:
+        main(scenario)
+    except BaseException:  # noqa: BLE001 - abort the job rather than leave peers waiting
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        scenario.mpi.Abort(1)
+    failed = scenario.any(scenario.failures)
+    faulthandler.cancel_dump_traceback_later()
+    if failed:
+        scenario.log(f"{scenario.failures} failed check(s) here; some rank failed: exit 1")
+        sys.stdout.flush()
+        sys.exit(1)
+
+
+def poison(array, stream):
+    """Overwrite a device array with NaN (every byte 0xff), queued on ``stream``."""
+    from pyar import _hip
+    if array.nbytes:
+        _hip.memset(array.ptr, NAN_BYTE, array.nbytes, stream)

@@ -1,0 +1,196 @@
+"""All-reduce inside captured graphs: the inference-server pattern.
+
+replay [PATH]   A graph of K steps [producer copies a fresh input into the one
+                input slot x][all-reduce x -> y_k][consumer overwrites x with
+                NaN] -- the next step reuses the slot, exactly where the seeds'
+                bug struck -- replayed REPLAYS times with random per-rank delays
+                before each replay; every y_k checked exactly.  x is never
+                registered eagerly: the capture records it and
+                comm.capture()'s exit exchanges its handle.  With PATH (a code
+                object built without the exit barrier) this is the positive
+                control: one-shot, mismatches reported, never failed for.
+serve           Several graphs for different token counts (like a server's
+                batch sizes) captured one after another, sharing one input
+                pointer at different sizes, replayed in random order with
+                eager staged calls interleaved; every result checked against
+                a float64 reference.  Then ranks that capture in different
+                orders get MismatchError, not wrong sums.
+"""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import pyar
+from pyar import _hip
+from allreduce_common import (
+    ALGOS, DTYPES, NAN_WORD, bits, describe_difference, exact_sum, normal, rng, run,
+    small_integers,
+)
+from tests.gpu_kernels import GpuTestKernels
+
+K = 8                  # all-reduces per graph, all through one input slot
+REPLAYS = 125          # K * REPLAYS = 1000 calls per configuration
+PATTERNS = 4
+SLOT_BYTES = 256 << 10
+TAIL_BYTES = 12        # not a whole 16-byte pack; a multiple of 4 for fill_u32
+CONTROL_SECONDS = 120
+
+
+def slot_graph(sc, comm, kernels, stream, dtype, algo, key):
+    """Builds the K-step graph; returns (graph, patterns, expected, sources, outs)."""
+    n = SLOT_BYTES // dtype.itemsize + TAIL_BYTES // dtype.itemsize
+    nbytes = n * dtype.itemsize
+    mine = [small_integers(dtype, n, *key, sc.rank, j) for j in range(PATTERNS)]
+    expected = [bits(exact_sum([small_integers(dtype, n, *key, r, j) for r in range(sc.world)],
+                               dtype)) for j in range(PATTERNS)]
+    patterns = [pyar.asarray(p, stream=stream) for p in mine]
+    sources = [pyar.empty((n,), dtype, stream=stream) for _ in range(K)]
+    outs = [pyar.empty((n,), dtype, stream=stream) for _ in range(K)]
+    x = pyar.empty((n,), dtype, stream=stream)
+    stream.synchronize()
+    with comm.capture(stream) as graph:
+        for k in range(K):
+            _hip.memcpy_dtod(x.ptr, sources[k].ptr, nbytes, stream)
+            comm.allreduce(x, out=outs[k], algo=algo, stream=stream)
+            kernels.fill_u32(x.ptr, NAN_WORD, nbytes // 4, stream)
+    return graph, patterns, expected, sources, outs, x
+
+
+def replay_config(sc, comm, kernels, stream, dtype, algo, key, deadline=None):
+    graph, patterns, expected, sources, outs, x = slot_graph(
+        sc, comm, kernels, stream, dtype, algo, key)
+    shared = rng(*key, 7)             # same on every rank: which pattern each step gets
+    local = rng(*key, 11, sc.rank)    # this rank's delays
+    nbytes = x.nbytes
+    calls = wrong = 0
+    details = 0
+    for _ in range(REPLAYS):
+        chosen = [int(j) for j in shared.integers(PATTERNS, size=K)]
+        for k, j in enumerate(chosen):
+            _hip.memcpy_dtod(sources[k].ptr, patterns[j].ptr, nbytes, stream)
+            kernels.fill_u32(outs[k].ptr, NAN_WORD, nbytes // 4, stream)
+        if local.random() < 0.5:
+            kernels.spin(local.uniform(0, 200), stream)
+        graph.replay(stream)
+        comm.synchronize(stream)
+        for k, j in enumerate(chosen):
+            got = outs[k].get(stream=stream)
+            if not np.array_equal(bits(got), expected[j]):
+                wrong += 1
+                if details < 3:
+                    details += 1
+                    sc.log(f"{dtype.name} {algo} step {k}: "
+                           f"{describe_difference(got, expected[j].view(dtype))}")
+        calls += K
+        if deadline is not None and (sc.any(wrong) or sc.max(time.monotonic()) > deadline):
+            break
+    graph.close()
+    return calls, sc.sum(wrong)
+
+
+def replay_mode(sc, control_path=None):
+    kwargs = {} if control_path is None else {"kernels": control_path}
+    comm = pyar.Communicator(MPI.COMM_WORLD, timeout=60.0, **kwargs)
+    kernels = GpuTestKernels(comm.device)
+    stream = pyar.Stream()
+    if control_path is None:
+        for d, dtype in enumerate(DTYPES):
+            for a, algo in enumerate(ALGOS):
+                calls, wrong = replay_config(sc, comm, kernels, stream, dtype, algo, (d, a))
+                sc.check(wrong == 0, f"{dtype.name} {algo}: {wrong} of {calls} graph "
+                                     "results were wrong")
+                sc.report(test="graph-replay", algo=algo, dtype=dtype.name, calls=calls,
+                          mismatches=wrong)
+    else:
+        deadline = time.monotonic() + CONTROL_SECONDS
+        found = calls = 0
+        for d, dtype in enumerate(DTYPES):
+            c, wrong = replay_config(sc, comm, kernels, stream, dtype, "oneshot", (d, 9),
+                                     deadline)
+            calls += c
+            found += wrong
+            if found or time.monotonic() > deadline:
+                break
+        sc.report(test="graph-control", algo="oneshot", calls=calls, mismatches=found)
+    comm.close()
+
+
+def serve_mode(sc):
+    comm = pyar.Communicator(MPI.COMM_WORLD, timeout=60.0)
+    stream = pyar.Stream()
+    hidden = 1024
+    tokens = (1, 3, 16, 64, 200)
+    dtype = np.dtype(DTYPES[2])
+    # One input buffer, as a server reuses its activation buffer, captured at
+    # several sizes; one output per batch size.
+    x = pyar.empty((max(tokens) * hidden,), dtype, stream=stream)
+    outs = {t: pyar.empty((t * hidden,), dtype, stream=stream) for t in tokens}
+    graphs = {}
+    for t in tokens:
+        view = pyar.DeviceArray.from_pointer(x.ptr, (t * hidden,), dtype, owner=x,
+                                             device=x.device)
+        with comm.capture(stream) as graph:
+            comm.allreduce(view, out=outs[t], stream=stream)
+        graphs[t] = graph
+    order = rng(5).choice(np.repeat(tokens, 20))
+    local_eager = pyar.empty((4096 + 5,), dtype, stream=stream)
+    eager_out = pyar.empty_like(local_eager)
+    checked = wrong = 0
+    for i, t in enumerate(order):
+        t = int(t)
+        inputs = [normal(dtype, t * hidden, 1, i, r) for r in range(sc.world)]
+        ref = np.sum([a.astype(np.float64) for a in inputs], axis=0)
+        view = pyar.DeviceArray.from_pointer(x.ptr, (t * hidden,), dtype, owner=x,
+                                             device=x.device)
+        view.set(inputs[sc.rank], stream=stream)
+        graphs[t].replay(stream)
+        if i % 3 == 0:  # an eager, staged call between replays
+            eager_in = [normal(dtype, local_eager.size, 2, i, r) for r in range(sc.world)]
+            local_eager.set(eager_in[sc.rank], stream=stream)
+            comm.allreduce(local_eager, out=eager_out, stream=stream)
+            eager_ref = np.sum([a.astype(np.float64) for a in eager_in], axis=0)
+        comm.synchronize(stream)
+        for got, want in [(outs[t].get(stream=stream), ref)] + (
+                [(eager_out.get(stream=stream), eager_ref)] if i % 3 == 0 else []):
+            error = np.abs(got.astype(np.float64) - want).max() / (np.abs(want).max() or 1)
+            checked += 1
+            if not sc.check(error < 2e-2 * sc.world, f"tokens {t}: relative error {error:.3g}"):
+                wrong += 1
+    for graph in graphs.values():
+        graph.close()
+    sc.report(test="graph-serving", dtype=dtype.name, calls=len(order), checked=checked,
+              mismatches=sc.sum(wrong))
+
+    # Ranks that capture in different orders: a clear error on every rank.
+    a = pyar.empty((4096,), dtype, stream=stream)
+    b = pyar.empty((8192,), dtype, stream=stream)
+    outs_ab = (pyar.empty_like(a), pyar.empty_like(b))
+    first, second = ((a, outs_ab[0]), (b, outs_ab[1]))
+    if sc.rank % 2:
+        first, second = second, first
+
+    def capture_out_of_order():
+        with comm.capture(stream):
+            comm.allreduce(first[0], out=first[1], stream=stream)
+            comm.allreduce(second[0], out=second[1], stream=stream)
+
+    raised = sc.expect_raises(pyar.MismatchError, capture_out_of_order,
+                              "capturing in different orders", contains=("capture order",))
+    sc.report(test="graph-order-mismatch", ranks_raised=sc.sum(raised is not None),
+              mismatches=0)
+    comm.close()
+
+
+def main(sc):
+    mode = sc.argv[0] if sc.argv else "replay"
+    if mode == "replay":
+        replay_mode(sc, sc.argv[1] if len(sc.argv) > 1 else None)
+    elif mode == "serve":
+        serve_mode(sc)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}: replay [PATH] | serve")
+
+
+if __name__ == "__main__":
+    run("allreduce_graphs", main)
