@@ -6,6 +6,10 @@
 #   OUT=/tmp/pyar-out scripts/gpu_suite.sh            # everything
 #   PYAR_SUITE_TESTS="tests/gpu/test_runtime_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
 #
+# PYAR_SUITE_K selects tests (pytest -k); PYAR_SUITE_TEST_SECONDS
+# and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
+# leased machine's time limit still leaves room for the summary.
+#
 # Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl,
 # launch.json, bench.json, bench_w8.png, summary.md.
 set -uo pipefail
@@ -14,6 +18,8 @@ OUT=${OUT:-$PWD/gpu-out}
 TESTS=${PYAR_SUITE_TESTS:-tests}
 BENCH=${PYAR_SUITE_BENCH:-1}
 BENCH_WORLDS=${PYAR_SUITE_BENCH_WORLDS:-2 4 8}
+TEST_SECONDS=${PYAR_SUITE_TEST_SECONDS:-3600}
+BENCH_SECONDS=${PYAR_SUITE_BENCH_SECONDS:-900}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 work=$(mktemp -d)
@@ -38,15 +44,18 @@ stop_mps() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; }
 trap stop_mps EXIT
 
 echo "== tests ($TESTS)"
-$PYTHON -m pytest -q -rfEs -m gpu --junitxml="$OUT/junit.xml" $TESTS 2>&1 | tee "$OUT/pytest.log"
+timeout -k 10 "$TEST_SECONDS" $PYTHON -m pytest -q -rfEs -m gpu --junitxml="$OUT/junit.xml" \
+  ${PYAR_SUITE_K:+-k "$PYAR_SUITE_K"} $TESTS 2>&1 | tee "$OUT/pytest.log"
 test_status=${PIPESTATUS[0]}
 
 if [ "$BENCH" = 1 ]; then
   echo "== launch overhead"
-  $PYTHON benchmarks/launch_overhead.py --json "$OUT/launch.json" 2>&1 | tee "$work/launch.txt"
+  timeout -k 5 "$BENCH_SECONDS" $PYTHON benchmarks/launch_overhead.py --json "$OUT/launch.json" \
+    2>&1 | tee "$work/launch.txt"
   for w in $BENCH_WORLDS; do
     echo "== pyar.bench, $w ranks on one GPU"
-    mpirun -n "$w" --oversubscribe --bind-to none $PYTHON -m pyar.bench --no-progress --staged --graph \
+    timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
+      $PYTHON -m pyar.bench --no-progress --staged --graph \
       --json "$work/bench_w$w.json" --plot "$work/bench_w$w.png" 2>&1 | tee "$work/bench_w$w.txt"
   done
   cp "$work"/bench_w8.png "$OUT/" 2>/dev/null
