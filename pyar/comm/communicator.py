@@ -1,4 +1,5 @@
 """pyar.Communicator: the fastest correct sum across the GPUs of one node."""
+import ctypes
 import os
 import weakref
 
@@ -121,8 +122,9 @@ class Communicator:
         self._buffer = res.device_memory(size, uncached=True)
         _hip.memset(self._buffer.ptr, 0, self._layout.signal_bytes)
         self._error = res.pinned_memory(4 * _ERROR_WORDS)
-        self._error_words = np.frombuffer(self._error, dtype=np.uint32)
-        self._error_words[:] = 0
+        # A ctypes view, not a buffer export, so the memory can be freed later.
+        self._error_words = (ctypes.c_uint32 * _ERROR_WORDS).from_address(self._error.ptr)
+        ctypes.memset(self._error.ptr, 0, 4 * _ERROR_WORDS)
         self._state = res.device_memory(len(layout.pack_state([], [], 0, 0, 0)))
         self._staged_table = res.device_memory(layout.TABLE_BYTES)
         return _hip.ipc_get_handle(self._buffer.ptr)
