@@ -61,23 +61,31 @@ class Communicator:
         self._node = exchange.node_local(mpi_comm)
         self.rank = self._node.Get_rank()
         self.world = self._node.Get_size()
-        if self.world > MAX_WORLD:
-            raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one node, "
-                             f"this communicator has {self.world}")
         self.timeout = timeout
         self.debug = _env_flag("PYAR_DEBUG") if debug is None else bool(debug)
         self.max_size = -(-max_size // layout.PACK_BYTES) * layout.PACK_BYTES
-        # Different sizes or timeouts would give ranks different chunkings.
-        exchange.check_agreement(self._node, "max_size and timeout", (self.max_size, timeout))
-        self.device = exchange.run_everywhere(self._node, self._select_device, device)
-        self._resources = Resources(self.device)
+        self._resources = None
         self._registry = None
         self._calls = 0
         self._call_log = {}
         self._failure = None
         self._functions = {}
-        if self.world > 1:
-            self._connect(kernels)
+        try:
+            if self.world > MAX_WORLD:
+                raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one "
+                                 f"node, this communicator has {self.world}")
+            # Different sizes or timeouts would give ranks different chunkings.
+            exchange.check_agreement(self._node, "max_size and timeout",
+                                     (self.max_size, timeout))
+            self.device = exchange.run_everywhere(self._node, self._select_device, device)
+            self._resources = Resources(self.device)
+            if self.world > 1:
+                self._connect(kernels)
+        except BaseException:
+            if self._resources is not None:
+                self._resources.release()
+            self._node.Free()
+            raise
         self._finalizer = weakref.finalize(self, Resources.release, self._resources)
         self._closed = False
 
@@ -283,15 +291,33 @@ class Communicator:
         a peer that never arrived as CollectiveTimeout.
         """
         self._check_usable()
-        algorithms.validate(algo)
-        x = self._device_array(x, "x")
-        out = self._output(x, out, stream)
+        if self.debug and self.world > 1:
+            # Validate everywhere first, so that a rank whose arguments are
+            # wrong raises on every rank instead of leaving peers waiting.
+            x, out, algo, registered = exchange.run_everywhere(
+                self._node, self._prepare, x, out, algo, stream)
+            exchange.check_agreement(
+                self._node, "the all-reduce (elements, dtype, algorithm, registered input)",
+                (x.size, str(x.dtype), algo, registered is not None))
+        else:
+            x, out, algo, registered = self._prepare(x, out, algo, stream)
         if x.size == 0:
             return out
         if self.world == 1:
             if out.ptr != x.ptr:
                 _hip.memcpy_dtod(out.ptr, x.ptr, x.nbytes, stream)
             return out
+        self._check_timeout()
+        self._launch(x, out, algo, registered, stream)
+        return out
+
+    def _prepare(self, x, out, algo, stream):
+        """The call's arrays, algorithm and input table (None: staged)."""
+        algorithms.validate(algo)
+        x = self._device_array(x, "x")
+        out = self._output(x, out, stream)
+        if self.world == 1 or x.size == 0:
+            return x, out, algo, None
         source = _hip.as_stream(stream)
         if source.handle and source.is_capturing:
             # Recorded, not staged: the graph reads x in place once the ranks
@@ -299,14 +325,7 @@ class Communicator:
             registered = self._registry.defer(x)
         else:
             registered = self._registry.lookup(x.ptr, x.nbytes)
-        algo = self._plan(x, out, algo, registered is not None)
-        if self.debug:
-            exchange.check_agreement(
-                self._node, "the all-reduce (elements, dtype, algorithm, registered input)",
-                (x.size, str(x.dtype), algo, registered is not None))
-        self._check_timeout()
-        self._launch(x, out, algo, registered, stream)
-        return out
+        return x, out, self._plan(x, out, algo, registered is not None), registered
 
     def _plan(self, x, out, algo, registered):
         in_place_registered = registered and out.ptr == x.ptr

@@ -19,8 +19,11 @@
 // barrier stores the epoch into every peer's slot for (block, this rank) with
 // a system-scope release and spins with acquire loads until its own slots for
 // (block, peer) hold the epoch.  A peer can never be a whole phase ahead (it
-// would have to pass a barrier this rank has not reached), so equality on a
-// wrapping 32-bit epoch is exact.  Spins are bounded: on expiry the block
+// would have to pass a barrier this rank has not reached -- for the start flag
+// of the next call, this call's exit barrier), so equality on a wrapping
+// 32-bit epoch is exact.  Without the exit barrier a fast rank can overwrite
+// its start flag with the next epoch before a slow peer has seen this one:
+// the positive control shows that as timeouts at 8 ranks.  Spins are bounded: on expiry the block
 // records which peers never arrived in host-visible memory and returns.
 #include "pyar_device.h"
 

@@ -80,7 +80,14 @@ def test_positive_control_detects_missing_exit_barrier(world, kernels_without_ex
     the mid barrier, so a two-shot kernel without its exit barrier is still
     correct (see the comment in allreduce.cu) and no test can tell.  The
     scenario escalates the disturbance (sizes, delays, noise) while it has
-    seen no mismatch, within a budget of calls and time."""
+    seen nothing, within a budget of calls and time.
+
+    Without the exit barrier the bug shows in two ways: a wrong result (a
+    slow peer summed the NaN or the next call's staged data), or a timeout (a
+    fast rank overwrote its start flag with the next call's epoch before a
+    slow peer saw the current one, so the peer waits for a value that never
+    comes; seen at 8 ranks).  Either makes the adversarial test fail; wrong
+    results are the direct evidence and were seen at 2 ranks."""
     rows = scenario("allreduce_adversarial", world, "control", kernels_without_exit_barrier,
                     timeout=420)
     total = rows_of(rows, "control-total")[0]

@@ -23,11 +23,16 @@ Modes:
                     CALLS calls each; every mismatch fails the scenario.
   control PATH      the positive control: one-shot only, on a Communicator
                     whose code object PATH was built without the exit barrier
-                    (PYAR_TEST_SKIP_EXIT_BARRIER).  Runs each (dtype, variant)
-                    until it sees a mismatch, escalating the disturbance level
-                    while none of them has, within a call and time budget.
-                    Reports mismatches; never fails for them (the test asserts
-                    that they were seen).
+                    (PYAR_TEST_SKIP_EXIT_BARRIER), with a 1 s timeout.  Runs
+                    each (dtype, variant) until it sees a wrong result,
+                    escalating the disturbance level while it has seen neither
+                    a wrong result nor a timeout, within a call and time
+                    budget.  Without the exit barrier a fast rank can also
+                    overwrite its start flag with the next call's value before
+                    a slow peer has seen it, and that peer times out: a
+                    timeout is counted (and the control goes on with a fresh
+                    communicator).  Reports mismatches and timeouts; never
+                    fails for them (the test asserts that the bug showed).
 
 Usage: allreduce_adversarial.py main | control PATH
 """
@@ -237,8 +242,8 @@ def control_mode(sc, kernels_path):
                     break
             if out_of_time:
                 break
-        if detected or out_of_time:
-            break
+        if detected or timeouts or out_of_time:
+            break  # escalate only while the bug has not shown at all
     sc.report(test="control-total", algo="oneshot", calls=calls_total, mismatches=detected,
               timeouts=timeouts, seconds=round(sc.max(time.monotonic() - started), 2))
     comm.close()
