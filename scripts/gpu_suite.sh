@@ -6,7 +6,8 @@
 #   OUT=/tmp/pyar-out scripts/gpu_suite.sh            # everything
 #   PYAR_SUITE_TESTS="tests/gpu/test_runtime_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
 #
-# PYAR_SUITE_K selects tests (pytest -k); PYAR_SUITE_TEST_SECONDS
+# PYAR_SUITE_K selects tests (pytest -k), PYAR_SUITE_BENCH_ARGS adds pyar.bench
+# arguments (e.g. "--iters 20"); PYAR_SUITE_TEST_SECONDS
 # and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
 # leased machine's time limit still leaves room for the summary.
 #
@@ -55,7 +56,7 @@ if [ "$BENCH" = 1 ]; then
   for w in $BENCH_WORLDS; do
     echo "== pyar.bench, $w ranks on one GPU"
     timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
-      $PYTHON -m pyar.bench --no-progress --staged --graph \
+      $PYTHON -m pyar.bench --no-progress --staged --graph ${PYAR_SUITE_BENCH_ARGS:-} \
       --json "$work/bench_w$w.json" --plot "$work/bench_w$w.png" 2>&1 | tee "$work/bench_w$w.txt"
   done
   cp "$work"/bench_w8.png "$OUT/" 2>/dev/null
