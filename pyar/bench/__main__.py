@@ -113,7 +113,7 @@ def sweep(args, comm, mpi):
         algbw = moved / seconds / 1e9
         hbm = None
         if copy_bw:
-            total = world * traffic.kernel_bytes(chosen, moved, world, mode == "staged")
+            total = traffic.shared_gpu_bytes(chosen, moved, world, mode == "staged")
             hbm = total / seconds / copy_bw
         rows.append({"bytes": moved, "count": count, "dtype": args.dtype, "algo": chosen
                      if algo != "auto" else f"auto:{chosen}", "mode": mode,
@@ -149,7 +149,7 @@ def main(argv=None):
     if mpi.Get_rank() == 0:
         title = (f"pyar all-reduce, {meta['world']} ranks on "
                  f"{'one shared ' if extra['one_gpu'] else ''}{meta['device']} ({meta['arch']}), "
-                 f"{args.dtype}, eager")
+                 f"{args.dtype}")
         print(report.table(rows, title))
         if extra["copy_bandwidth_GBps"]:
             print(f"\ndevice-to-device copy bandwidth (read + write): "

@@ -43,7 +43,8 @@ def save_plot(path, rows, title):
     fig, ax = plt.subplots(figsize=(8, 5))
     series = {}
     for row in rows:
-        series.setdefault(f"{row['algo']} ({row['mode']})", []).append(row)
+        requested = row["algo"].split(":")[0]  # "auto:twoshot" is one auto series
+        series.setdefault(f"{requested} ({row['mode']})", []).append(row)
     for label, points in sorted(series.items()):
         ax.plot([p["bytes"] for p in points], [p["time_us"] for p in points], marker="o",
                 label=label)

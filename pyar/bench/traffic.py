@@ -1,19 +1,20 @@
-"""The device-memory bytes an all-reduce kernel must move, per rank.
+"""The device-memory bytes an all-reduce must move when every rank shares
+one GPU (the one-GPU test tier).
 
-Used for the one-GPU tier, where every rank's kernel shares one GPU's memory:
-the sum over ranks, over the kernel time, against the copy bandwidth measured
-in the same run, is the kernels' memory efficiency.
+On one GPU the ranks' inputs, partial results and outputs all live in the
+same memory, and a peer's read of data another rank just read is served from
+the shared L2; what must cross HBM at least once is every input read, every
+partial result written and read back, and every output written.  Those bytes,
+over the call's time, against the device-to-device copy bandwidth measured in
+the same run, are the kernels' memory efficiency.
 """
 
 
-def kernel_bytes(algo, nbytes, world, staged):
-    """Bytes read plus written by one rank's call (each input read once)."""
-    if algo == "oneshot":
-        moved = world * nbytes + nbytes          # read every input, write the sum
-    else:
-        shard = nbytes / world
-        moved = (world * shard + shard          # reduce-scatter: read W shards, write partial
-                 + world * shard + nbytes)      # all-gather: read W shards, write output
+def shared_gpu_bytes(algo, nbytes, world, staged):
+    """Bytes all ``world`` ranks' kernels together must move for one call."""
+    moved = 2 * world * nbytes                  # every input read, every output written
+    if algo == "twoshot":
+        moved += 2 * nbytes                     # the reduced shards: written, read back
     if staged:
-        moved += 2 * nbytes                      # copy the input into the scratch buffer
+        moved += 2 * world * nbytes             # each input copied into scratch first
     return moved

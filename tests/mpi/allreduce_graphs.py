@@ -133,7 +133,7 @@ def serve_mode(sc):
         with comm.capture(stream) as graph:
             comm.allreduce(view, out=outs[t], stream=stream)
         graphs[t] = graph
-    order = rng(5).choice(np.repeat(tokens, 20))
+    order = rng(5).permutation(np.repeat(tokens, 20))
     local_eager = pyar.empty((4096 + 5,), dtype, stream=stream)
     eager_out = pyar.empty_like(local_eager)
     checked = wrong = 0
