@@ -62,6 +62,7 @@ class Communicator:
         self.rank = self._node.Get_rank()
         self.world = self._node.Get_size()
         self.timeout = timeout
+        self._timeout_ns = int(timeout * 1e9)
         self.debug = _env_flag("PYAR_DEBUG") if debug is None else bool(debug)
         self.max_size = -(-max_size // layout.PACK_BYTES) * layout.PACK_BYTES
         self._resources = None
@@ -190,7 +191,9 @@ class Communicator:
         if words is None or not words[0]:
             return
         missing = [r for r in range(self.world) if words[1 + r]]
-        call = self._call_log.get(int(words[1 + MAX_WORLD]) % _CALL_LOG, "a collective")
+        logged = self._call_log.get(int(words[1 + MAX_WORLD]) % _CALL_LOG)
+        call = ("a collective" if logged is None else
+                "allreduce call {} ({}, {} x {})".format(*logged))
         self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
         raise self._failure
 
@@ -344,7 +347,6 @@ class Communicator:
         lanes = layout.PACK_BYTES // itemsize
         threads = self._layout.threads
         chunk = self.max_size // itemsize
-        timeout_ns = int(self.timeout * 1e9)
         for first in range(0, x.size, chunk):
             count = min(chunk, x.size - first)
             offset = first * itemsize
@@ -358,12 +360,11 @@ class Communicator:
             work = packs if algo == "oneshot" else -(-packs // self.world)
             blocks = min(self._max_blocks, max(1, -(-work // threads)))
             call = self._calls & 0xFFFFFFFF
-            self._call_log[call % _CALL_LOG] = (
-                f"allreduce call {self._calls} ({algo}, {count} x {x.dtype})")
+            self._call_log[call % _CALL_LOG] = (self._calls, algo, count, x.dtype)
             self._calls += 1
             function.launch(blocks, threads,
                             (table, in_offset, out.ptr + offset, self._state.ptr, count,
-                             timeout_ns, call), stream=stream)
+                             self._timeout_ns, call), stream=stream)
 
     # --- teardown ---------------------------------------------------------------
 
