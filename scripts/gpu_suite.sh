@@ -11,7 +11,7 @@
 # and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
 # leased machine's time limit still leaves room for the summary.
 #
-# Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl,
+# Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl, scenarios.log,
 # launch.json, bench.json, bench_w8.png, summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +27,9 @@ work=$(mktemp -d)
 export PATH=/usr/local/cuda/bin:$PATH
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PYTHONUNBUFFERED=1 PYAR_REQUIRE_GPU=1 PYAR_RESULTS=$OUT/results.jsonl
+export PYAR_SCENARIO_LOG=$OUT/scenarios.log
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-rm -f "$OUT/results.jsonl"
+rm -f "$OUT/results.jsonl" "$OUT/scenarios.log"
 
 echo "== build"
 start=$(date +%s)

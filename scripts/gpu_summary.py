@@ -33,8 +33,8 @@ def results_table(path):
     with open(path) as f:
         for line in f:
             row = json.loads(line)
-            key = tuple((k, row[k]) for k in sorted(row) if not isinstance(row[k], (int, float))
-                        or k in ("world",))
+            key = tuple((k, repr(row[k])) for k in sorted(row)
+                        if not isinstance(row[k], (int, float)) or k in ("world",))
             entry = merged.setdefault(key, dict(row, reports=0))
             if entry["reports"]:
                 for k, v in row.items():

@@ -36,8 +36,10 @@ def run_scenario(scenario, nranks, *args, timeout=600, env=None):
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                               env=full_env, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
+        keep_log(command, "timed out", exc.stdout, exc.stderr)
         raise AssertionError(f"{scenario} on {nranks} ranks timed out after {timeout} s:\n"
                              f"{exc.stdout}\n{exc.stderr}") from None
+    keep_log(command, f"exit {done.returncode}", done.stdout, done.stderr)
     if done.returncode != 0:
         raise AssertionError(f"{scenario} on {nranks} ranks failed (exit {done.returncode}):\n"
                              f"{done.stdout[-20000:]}\n{done.stderr[-20000:]}")
@@ -45,6 +47,18 @@ def run_scenario(scenario, nranks, *args, timeout=600, env=None):
                if line.startswith(RESULT_PREFIX)]
     record(results)
     return done.stdout, results
+
+
+def keep_log(command, outcome, stdout, stderr):
+    """Append a scenario's whole output to $PYAR_SCENARIO_LOG, so that a run
+    cut short by its time limit still tells what each scenario printed."""
+    path = os.environ.get("PYAR_SCENARIO_LOG")
+    if not path:
+        return
+    as_text = [s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+               for s in (stdout, stderr)]
+    with open(path, "a") as f:
+        f.write(f"=== {' '.join(command[-3:])}: {outcome}\n{as_text[0]}\n{as_text[1]}\n")
 
 
 def record(results):

@@ -151,17 +151,25 @@ class Communicator:
         return _hip.Device(self.device).pci_bus_id
 
     def _block_cap(self, sharing):
-        """Blocks per call such that every rank's blocks fit on the GPU at once.
+        """Blocks per call such that every rank's blocks fit on the GPU at once,
+        with half of its block slots left to other kernels.
 
         Blocks spin on peers, so a block that cannot become resident because
-        spinning blocks hold every slot would deadlock; the ``sharing`` ranks
-        on one GPU share its slots.
+        spinning blocks hold the slots it needs waits until the timeout; the
+        ``sharing`` ranks on one GPU divide its slots.  Dividing all of them
+        is not enough: with every slot spoken for, a rank's collective can
+        queue behind one of its own small kernels (a copy, a fill, the
+        caller's work) that finds no room beside the peers' spinning blocks.
+        That was seen on the H200 at 3 and 4 ranks under MPS and vanished
+        with half the slots.  A rank alone on its GPU competes with no
+        spinning peer there and may use every slot.
         """
         dev = _hip.Device(self.device)
         occupancy = min(self._function(algo, dtype).max_active_blocks_per_multiprocessor(
                             self._layout.threads)
                         for algo in algorithms.ALGORITHMS for dtype in _KERNEL_TYPES)
-        per_rank = max(1, dev.multiprocessor_count * occupancy // sharing)
+        slots = dev.multiprocessor_count * occupancy
+        per_rank = slots if sharing == 1 else max(1, slots // (2 * sharing))
         return min(self._layout.max_blocks, dev.multiprocessor_count, per_rank)
 
     def _function(self, algo, dtype):

@@ -18,13 +18,15 @@
 // its own Signal (in device memory, so replayed graphs keep counting); a
 // barrier stores the epoch into every peer's slot for (block, this rank) with
 // a system-scope release and spins with acquire loads until its own slots for
-// (block, peer) hold the epoch.  A peer can never be a whole phase ahead (it
-// would have to pass a barrier this rank has not reached -- for the start flag
-// of the next call, this call's exit barrier), so equality on a wrapping
-// 32-bit epoch is exact.  Without the exit barrier a fast rank can overwrite
-// its start flag with the next epoch before a slow peer has seen this one:
-// the positive control shows that as timeouts at 8 ranks.  Spins are bounded: on expiry the block
-// records which peers never arrived in host-visible memory and returns.
+// (block, peer) have reached the epoch.  A peer can never be a whole phase
+// ahead (it would have to pass a barrier this rank has not reached -- for the
+// start flag of the next call, this call's exit barrier), so with the exit
+// barrier a slot holds exactly this epoch; the wrap-safe "reached" comparison
+// keeps a barrier from missing an epoch that was overwritten by a later one,
+// so that a kernel built without the exit barrier (the positive control)
+// shows the seeds' bug as wrong sums rather than as a lost flag and a
+// timeout.  Spins are bounded: on expiry the block records which peers never
+// arrived in host-visible memory and returns.
 #include "pyar_device.h"
 
 namespace pyar {
@@ -32,6 +34,7 @@ namespace pyar {
 constexpr int kMaxRanks = 8;
 constexpr int kMaxBlocks = 256;
 constexpr int kThreads = 512;
+constexpr uint64_t kGiveUpCheckNs = 1000000;  // waits shorter than this never read host memory
 
 enum Phase { kStart = 0, kMid = 1, kEnd = 2, kPhases = 3 };
 
@@ -59,6 +62,11 @@ struct CallInfo {
   uint32_t call;  // the host's sequence number, reported on timeout
 };
 
+// Whether a flag holding `value` has reached `epoch`, across the 32-bit wrap.
+PYAR_DEVICE bool reached(uint32_t value, uint32_t epoch) {
+  return int32_t(value - epoch) >= 0;
+}
+
 template <int W>
 PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const CallInfo &info) {
   __syncthreads();  // the block's earlier reads and writes precede the release
@@ -67,13 +75,21 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     const uint32_t peer = threadIdx.x;
     store_release_system(&s.signals[peer]->flags[phase][blockIdx.x][s.rank], epoch);
     const uint32_t *mine = &s.signals[s.rank]->flags[phase][blockIdx.x][peer];
-    if (load_acquire_system(mine) != epoch) {
+    if (!reached(load_acquire_system(mine), epoch)) {
       const uint64_t since = now_ns();
-      while (load_acquire_system(mine) != epoch) {
-        if (now_ns() - since > info.timeout_ns) {
+      while (!reached(load_acquire_system(mine), epoch)) {
+        const uint64_t waited = now_ns() - since;
+        if (waited > info.timeout_ns) {
           store_volatile(&s.error[1 + peer], 1u);
           store_volatile(&s.error[1 + kMaxRanks], info.call);
           store_volatile(&s.error[0], 1u);
+          arrived = 0;
+          break;
+        }
+        // After a timeout the host refuses new calls, but calls already
+        // queued behind it would each wait a whole timeout for peers that
+        // gave up: they stop as soon as they see the error record.
+        if (waited > kGiveUpCheckNs && load_volatile(&s.error[0])) {
           arrived = 0;
           break;
         }

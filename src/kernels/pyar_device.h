@@ -45,6 +45,10 @@ PYAR_DEVICE void store_volatile(uint32_t *word, uint32_t value) {
   *reinterpret_cast<volatile uint32_t *>(word) = value;
 }
 
+PYAR_DEVICE uint32_t load_volatile(const uint32_t *word) {
+  return *reinterpret_cast<const volatile uint32_t *>(word);
+}
+
 // --- Time, for bounded spins -------------------------------------------------
 
 // Nanoseconds from a clock that runs at a fixed rate whatever the SM clock.

@@ -48,7 +48,7 @@ def _unavailable(reason):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kernels_without_exit_barrier(tmp_path_factory):
     """src/kernels/allreduce.cu built with PYAR_TEST_SKIP_EXIT_BARRIER for
     this GPU, once per test session."""
