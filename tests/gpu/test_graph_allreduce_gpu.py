@@ -14,10 +14,11 @@ WORLDS = [2, 4, 8]
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_graph_replay_with_reused_input_slot(world):
-    """A graph of 8 x [producer writes input slot x][all-reduce x][consumer
-    overwrites x with NaN], replayed 125 times (1000 all-reduces) per (dtype,
-    algorithm) with random per-rank delays before each replay: every output
-    exact, zero mismatches."""
+    """A graph of 8 x [producer writes input slot x][delay on some ranks]
+    [all-reduce x][consumer overwrites x with NaN], replayed 125 times (1000
+    all-reduces) per (dtype, algorithm) with random per-rank delays before
+    each replay and spin kernels on a second stream competing for the SMs
+    during it: every output exact, zero mismatches."""
     rows = rows_of(scenario("allreduce_graphs", world, "replay", timeout=420), "graph-replay")
     assert {(r["dtype"], r["algo"]) for r in rows} == {
         (d, a) for d in ("float32", "float16", "bfloat16") for a in ("oneshot", "twoshot")}
@@ -29,7 +30,9 @@ def test_graph_replay_with_reused_input_slot(world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_graph_positive_control(world, kernels_without_exit_barrier):
     """The same graph with one-shot kernels built without the exit barrier
-    must produce wrong results: the graph test sees the seeds' bug."""
+    must produce wrong results: the graph test sees the seeds' bug.  The
+    control reads a 1 MiB slot under heavier competing spin kernels and
+    replays until it sees a wrong result or 90 s have passed."""
     rows = rows_of(scenario("allreduce_graphs", world, "replay", kernels_without_exit_barrier,
                             timeout=300), "graph-control")
     assert rows[0]["mismatches"] > 0, rows

@@ -1,10 +1,12 @@
 """All-reduce inside captured graphs: the inference-server pattern.
 
 replay [PATH]   A graph of K steps [producer copies a fresh input into the one
-                input slot x][all-reduce x -> y_k][consumer overwrites x with
-                NaN] -- the next step reuses the slot, exactly where the seeds'
-                bug struck -- replayed REPLAYS times with random per-rank delays
-                before each replay; every y_k checked exactly.  x is never
+                input slot x][on some ranks a delay][all-reduce x -> y_k]
+                [consumer overwrites x with NaN] -- the next step reuses the
+                slot, exactly where the seeds' bug struck -- replayed REPLAYS
+                times with random per-rank delays before each replay and, on
+                random ranks, spin kernels on a second stream that take SMs
+                away from the replay while it runs; every y_k checked exactly.  x is never
                 registered eagerly: the capture records it and
                 comm.capture()'s exit exchanges its handle.  With PATH (a code
                 object built without the exit barrier) this is the positive
@@ -33,13 +35,16 @@ K = 8                  # all-reduces per graph, all through one input slot
 REPLAYS = 125          # K * REPLAYS = 1000 calls per configuration
 PATTERNS = 4
 SLOT_BYTES = 256 << 10
+CONTROL_SLOT_BYTES = 1 << 20  # a longer read window for the control to be caught in
 TAIL_BYTES = 12        # not a whole 16-byte pack; a multiple of 4 for fill_u32
-CONTROL_SECONDS = 120
+CONTROL_SECONDS = 90
+STEP_DELAY_US = 100    # captured per (rank, step) with probability 1/2
+NOISE = {False: (0.3, 200, 1), True: (0.8, 500, 16)}  # control? -> (p, us, blocks per SM)
 
 
-def slot_graph(sc, comm, kernels, stream, dtype, algo, key):
+def slot_graph(sc, comm, kernels, stream, dtype, algo, key, slot_bytes):
     """Builds the K-step graph; returns (graph, patterns, expected, sources, outs)."""
-    n = SLOT_BYTES // dtype.itemsize + TAIL_BYTES // dtype.itemsize
+    n = slot_bytes // dtype.itemsize + TAIL_BYTES // dtype.itemsize
     nbytes = n * dtype.itemsize
     mine = [small_integers(dtype, n, *key, sc.rank, j) for j in range(PATTERNS)]
     expected = [bits(exact_sum([small_integers(dtype, n, *key, r, j) for r in range(sc.world)],
@@ -48,18 +53,26 @@ def slot_graph(sc, comm, kernels, stream, dtype, algo, key):
     sources = [pyar.empty((n,), dtype, stream=stream) for _ in range(K)]
     outs = [pyar.empty((n,), dtype, stream=stream) for _ in range(K)]
     x = pyar.empty((n,), dtype, stream=stream)
+    delays = rng(*key, 13, sc.rank)
     stream.synchronize()
     with comm.capture(stream) as graph:
         for k in range(K):
             _hip.memcpy_dtod(x.ptr, sources[k].ptr, nbytes, stream)
+            if delays.random() < 0.5:
+                kernels.spin(delays.uniform(0, STEP_DELAY_US), stream)
             comm.allreduce(x, out=outs[k], algo=algo, stream=stream)
             kernels.fill_u32(x.ptr, NAN_WORD, nbytes // 4, stream)
     return graph, patterns, expected, sources, outs, x
 
 
-def replay_config(sc, comm, kernels, stream, dtype, algo, key, deadline=None):
+def replay_config(sc, comm, kernels, streams, dtype, algo, key, deadline=None):
+    control = deadline is not None
+    stream, noise_stream = streams
     graph, patterns, expected, sources, outs, x = slot_graph(
-        sc, comm, kernels, stream, dtype, algo, key)
+        sc, comm, kernels, stream, dtype, algo, key,
+        CONTROL_SLOT_BYTES if control else SLOT_BYTES)
+    noise_p, noise_us, noise_per_sm = NOISE[control]
+    sms = pyar.Device(comm.device).multiprocessor_count
     shared = rng(*key, 7)             # same on every rank: which pattern each step gets
     local = rng(*key, 11, sc.rank)    # this rank's delays
     nbytes = x.nbytes
@@ -72,8 +85,12 @@ def replay_config(sc, comm, kernels, stream, dtype, algo, key, deadline=None):
             kernels.fill_u32(outs[k].ptr, NAN_WORD, nbytes // 4, stream)
         if local.random() < 0.5:
             kernels.spin(local.uniform(0, 200), stream)
+        if local.random() < noise_p:
+            noise_stream.wait(stream)  # the noise starts with the replay
+            kernels.spin(local.uniform(0, noise_us), noise_stream, blocks=sms * noise_per_sm)
         graph.replay(stream)
         comm.synchronize(stream)
+        noise_stream.synchronize()
         for k, j in enumerate(chosen):
             got = outs[k].get(stream=stream)
             if not np.array_equal(bits(got), expected[j]):
@@ -83,7 +100,7 @@ def replay_config(sc, comm, kernels, stream, dtype, algo, key, deadline=None):
                     sc.log(f"{dtype.name} {algo} step {k}: "
                            f"{describe_difference(got, expected[j].view(dtype))}")
         calls += K
-        if deadline is not None and (sc.any(wrong) or sc.max(time.monotonic()) > deadline):
+        if control and (sc.any(wrong) or sc.max(time.monotonic()) > deadline):
             break
     graph.close()
     return calls, sc.sum(wrong)
@@ -93,25 +110,25 @@ def replay_mode(sc, control_path=None):
     kwargs = {} if control_path is None else {"kernels": control_path}
     comm = pyar.Communicator(MPI.COMM_WORLD, timeout=60.0, **kwargs)
     kernels = GpuTestKernels(comm.device)
-    stream = pyar.Stream()
+    streams = (pyar.Stream(), pyar.Stream())
     if control_path is None:
         for d, dtype in enumerate(DTYPES):
             for a, algo in enumerate(ALGOS):
-                calls, wrong = replay_config(sc, comm, kernels, stream, dtype, algo, (d, a))
+                calls, wrong = replay_config(sc, comm, kernels, streams, dtype, algo, (d, a))
                 sc.check(wrong == 0, f"{dtype.name} {algo}: {wrong} of {calls} graph "
                                      "results were wrong")
                 sc.report(test="graph-replay", algo=algo, dtype=dtype.name, calls=calls,
                           mismatches=wrong)
     else:
         deadline = time.monotonic() + CONTROL_SECONDS
-        found = calls = 0
-        for d, dtype in enumerate(DTYPES):
-            c, wrong = replay_config(sc, comm, kernels, stream, dtype, "oneshot", (d, 9),
-                                     deadline)
+        found = calls = attempt = 0
+        while not found and sc.max(time.monotonic()) <= deadline:
+            d = attempt % len(DTYPES)
+            c, wrong = replay_config(sc, comm, kernels, streams, DTYPES[d], "oneshot",
+                                     (d, 9, attempt), deadline)
             calls += c
             found += wrong
-            if found or time.monotonic() > deadline:
-                break
+            attempt += 1
         sc.report(test="graph-control", algo="oneshot", calls=calls, mismatches=found)
     comm.close()
 
