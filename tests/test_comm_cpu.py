@@ -24,15 +24,20 @@ from pyar.comm import algorithms, communicator, exchange, layout  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout, MismatchError  # noqa: E402
 from tests.mpi_launch import ROOT, run_scenario  # noqa: E402
 
-KERNEL_SOURCE = os.path.join(ROOT, "src", "kernels", "allreduce.cu")
+KERNELS = os.path.join(ROOT, "src", "kernels")
+# The protocol header (structs, barriers) and the all-reduce kernels, read as one text.
+KERNEL_SOURCES = [os.path.join(KERNELS, "pyar_protocol.h"), os.path.join(KERNELS, "allreduce.cu")]
 HAVE_MPIRUN = shutil.which("mpirun") is not None or shutil.which("mpiexec") is not None
 needs_mpirun = pytest.mark.skipif(not HAVE_MPIRUN, reason="mpirun not installed")
 
 
 @pytest.fixture(scope="module")
 def kernel_source():
-    with open(KERNEL_SOURCE) as f:
-        return f.read()
+    text = []
+    for path in KERNEL_SOURCES:
+        with open(path) as f:
+            text.append(f.read())
+    return "\n".join(text)
 
 
 # --- algorithm choice --------------------------------------------------------------
@@ -124,7 +129,7 @@ def test_pack_refuses_more_than_8_ranks():
 
 def _struct_fields(source, name):
     body = re.search(r"struct %s \{(.*?)\n\};" % name, source, re.S)
-    assert body, f"struct {name} not found in allreduce.cu"
+    assert body, f"struct {name} not found in the kernel sources"
     fields = []
     for line in body.group(1).splitlines():
         code = line.split("//")[0].strip()
