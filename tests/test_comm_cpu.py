@@ -11,6 +11,7 @@ import pickle
 import re
 import shutil
 import struct
+import types
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
 import pyar  # noqa: E402
-from pyar.comm import algorithms, communicator, exchange, layout  # noqa: E402
+from pyar.comm import algorithms, communicator, exchange, layout, registry  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout, MismatchError  # noqa: E402
 from tests.mpi_launch import ROOT, run_scenario  # noqa: E402
 
@@ -290,6 +291,51 @@ def test_exchange_helpers_on_one_rank():
         exchange.run_everywhere(world, {}.__getitem__, "missing")
     assert exchange.check_agreement(world, "anything", (1, "x")) is None
     assert exchange.agree_min(world, 17) == 17
+
+
+# --- the buffer registry's table pool ----------------------------------------------
+
+class _FakeMemory:
+    """Device memory stand-in: distinct, aligned addresses, never dereferenced."""
+    next_address = 1 << 40
+
+    def __init__(self, size):
+        self.ptr = _FakeMemory.next_address
+        _FakeMemory.next_address += -(-size // 4096) * 4096 + 4096
+
+
+def _registry_without_gpu(monkeypatch):
+    resources = types.SimpleNamespace(device_memory=lambda size: _FakeMemory(size))
+    buffers = registry.BufferRegistry(MPI.COMM_WORLD, resources)
+    # Handles are exchanged through the HIP layer; only the tables' bookkeeping is tested.
+    monkeypatch.setattr(buffers, "_exchange", lambda entries: buffers._tables.update(
+        ((address, nbytes), table) for address, nbytes, table in entries))
+    return buffers
+
+
+def test_registry_serves_many_captures_one_buffer_each(monkeypatch):
+    """A server captures one graph per batch size, each reading a new view:
+    far more captures than one block of tables, none may run out."""
+    buffers = _registry_without_gpu(monkeypatch)
+    tables = set()
+    for view in range(3 * registry.TABLES_PER_BLOCK + 5):
+        array = types.SimpleNamespace(ptr=1 << 20, nbytes=256 * (view + 1))
+        tables.add(buffers.defer(array))
+        assert buffers.pending == 1
+        buffers.exchange_deferred()
+        assert buffers.lookup(array.ptr, array.nbytes) in tables
+    assert len(tables) == 3 * registry.TABLES_PER_BLOCK + 5  # no table handed out twice
+
+
+def test_registry_refuses_a_capture_beyond_the_pool(monkeypatch):
+    buffers = _registry_without_gpu(monkeypatch)
+    for view in range(registry.TABLES_PER_BLOCK):
+        buffers.defer(types.SimpleNamespace(ptr=1 << 20, nbytes=256 * (view + 1)))
+    with pytest.raises(RuntimeError, match="register_graph_buffers"):
+        buffers.defer(types.SimpleNamespace(ptr=1 << 21, nbytes=256))
+    buffers.discard_deferred()
+    assert buffers.pending == 0
+    buffers.defer(types.SimpleNamespace(ptr=1 << 21, nbytes=256))  # tables were returned
 
 
 # --- the exchange helpers under mpirun --------------------------------------------

@@ -12,7 +12,9 @@ reallocated at the same address, it would otherwise be read through peers'
 stale mappings of the old one.
 
 Tables come from blocks allocated ahead: allocating device memory is not
-allowed while a stream captures in the global mode."""
+allowed while a stream captures in the global mode.  A server that captures
+one graph per batch size uses a new table per capture, so the pool is topped
+up after every exchange."""
 from pyar import _hip
 from pyar.comm import exchange, layout
 
@@ -96,6 +98,10 @@ class BufferRegistry:
         self._deferred = {}
         if entries:
             self._exchange(entries)
+        if len(self._free) < TABLES_PER_BLOCK:
+            # Topped up here, outside any capture, so that every capture may
+            # record TABLES_PER_BLOCK new buffers however many came before.
+            self._grow()
 
     def _exchange(self, entries):
         handles = exchange.run_everywhere(
