@@ -19,10 +19,15 @@ class KernelsNotBuiltError(RuntimeError):
     """pyar was built without code objects for the platform in use."""
 
 
+def file_name(name):
+    """The file name of code object ``name`` for the loaded platform."""
+    return name + _SUFFIX[_hip.platform()]
+
+
 def path(name):
     """Where the code object ``name`` for the loaded platform lives."""
     platform = _hip.platform()
-    file = os.path.join(_DIRECTORY, name + _SUFFIX[platform])
+    file = os.path.join(_DIRECTORY, file_name(name))
     if not os.path.isfile(file):
         raise KernelsNotBuiltError(
             f"pyar was built without {platform} kernels ({file} is missing): reinstall with "

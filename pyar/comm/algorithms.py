@@ -9,6 +9,7 @@ at 8) and are retuned from ``python -m pyar.bench`` output.
 """
 
 ALGORITHMS = ("oneshot", "twoshot")
+FUSED_VARIANTS = ("onestage", "twostage")
 
 # world size -> largest message in bytes that still goes one-shot.
 ONESHOT_MAX_BYTES = {
@@ -24,12 +25,35 @@ ONESHOT_MAX_BYTES = {
 
 def choose(nbytes, world):
     """The algorithm ``"auto"`` selects for a message of ``nbytes`` on ``world`` ranks."""
-    if world not in ONESHOT_MAX_BYTES:
-        raise ValueError(f"no algorithm table for world size {world} (supported: 2..8)")
-    return "oneshot" if nbytes <= ONESHOT_MAX_BYTES[world] else "twoshot"
+    return _by_size(nbytes, world, ONESHOT_MAX_BYTES, ALGORITHMS)
 
 
 def validate(algo):
-    if algo != "auto" and algo not in ALGORITHMS:
-        raise ValueError(f"algo must be 'auto' or one of {ALGORITHMS}, got {algo!r}")
+    return _known(algo, ALGORITHMS)
+
+
+# world size -> largest input (tokens * hidden * itemsize) that the fused
+# all-reduce + RMSNorm still runs one-stage.
+FUSED_ONESTAGE_MAX_BYTES = dict(ONESHOT_MAX_BYTES)
+
+
+def choose_fused(nbytes, world):
+    """The allreduce_rmsnorm variant ``"auto"`` selects for an input of ``nbytes``."""
+    return _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
+
+
+def validate_fused(algo):
+    return _known(algo, FUSED_VARIANTS)
+
+
+def _by_size(nbytes, world, small_max_bytes, names):
+    small, large = names
+    if world not in small_max_bytes:
+        raise ValueError(f"no algorithm table for world size {world} (supported: 2..8)")
+    return small if nbytes <= small_max_bytes[world] else large
+
+
+def _known(algo, names):
+    if algo != "auto" and algo not in names:
+        raise ValueError(f"algo must be 'auto' or one of {names}, got {algo!r}")
     return algo

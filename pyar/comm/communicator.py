@@ -8,7 +8,7 @@ import numpy as np
 
 from pyar import _hip, _kernels
 from pyar.array import DeviceArray, asarray, empty
-from pyar.comm import algorithms, exchange, layout
+from pyar.comm import algorithms, exchange, layout, rmsnorm
 from pyar.comm.errors import CollectiveTimeout
 from pyar.comm.registry import BufferRegistry
 from pyar.comm.resources import Resources
@@ -41,8 +41,8 @@ class Communicator:
     ranks may share one GPU (under MPS).  ``max_size`` is the scratch buffer
     in bytes (larger messages go in chunks); ``timeout`` bounds every wait
     for peers, in seconds (default ``PYAR_TIMEOUT`` or 300).  ``kernels``
-    names a code object built from src/kernels/allreduce.cu to use instead
-    of the shipped one.  ``debug`` (default ``PYAR_DEBUG``) checks before
+    names a directory of code objects built from src/kernels (allreduce and
+    allreduce_rmsnorm, named like the shipped ones) to use instead of them.  ``debug`` (default ``PYAR_DEBUG``) checks before
     each call that all ranks passed the same arguments.
 
     Calls on one communicator must be ordered with respect to each other
@@ -71,6 +71,8 @@ class Communicator:
         self._call_log = {}
         self._failure = None
         self._functions = {}
+        self._kernel_dir = kernels
+        self._row_kernels = None
         try:
             if self.world > MAX_WORLD:
                 raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one "
@@ -81,7 +83,7 @@ class Communicator:
             self.device = exchange.run_everywhere(self._node, self._select_device, device)
             self._resources = Resources(self.device)
             if self.world > 1:
-                self._connect(kernels)
+                self._connect()
         except BaseException:
             if self._resources is not None:
                 self._resources.release()
@@ -98,9 +100,10 @@ class Communicator:
         _hip.set_device(device)
         return int(device)
 
-    def _connect(self, kernels):
+    def _connect(self):
         node = self._node
-        self._module, self._layout = exchange.run_everywhere(node, self._load_kernels, kernels)
+        self._module, self._layout, self._row_kernels = exchange.run_everywhere(
+            node, self._load_kernels)
         lay = self._layout
         self._scratch_offset = lay.signal_bytes
         self._partial_offset = lay.signal_bytes + self.max_size
@@ -110,20 +113,24 @@ class Communicator:
         self._registry = exchange.run_everywhere(node, BufferRegistry, node, self._resources)
         bus_ids = node.allgather(exchange.run_everywhere(node, self._bus_id))
         sharing = bus_ids.count(bus_ids[self.rank])
-        cap = exchange.run_everywhere(node, self._block_cap, sharing)
-        self._max_blocks = exchange.agree_min(node, cap)
+        self._max_blocks = exchange.agree_min(node, exchange.run_everywhere(
+            node, self._block_cap, sharing, self._allreduce_functions()))
+        self._max_fused_blocks = exchange.agree_min(node, exchange.run_everywhere(
+            node, self._block_cap, sharing, self._fused_functions()))
         node.Barrier()  # every rank's signals are zeroed before anyone's first call
 
-    def _load_kernels(self, kernels):
+    def _load_module(self, name):
+        if self._kernel_dir is None:
+            return _kernels.load(name, self.device)
+        return _hip.Module.from_file(os.path.join(self._kernel_dir, _kernels.file_name(name)))
+
+    def _load_kernels(self):
         _hip.set_device(self.device)
-        if kernels is None:
-            module = _kernels.load("allreduce", self.device)
-        else:
-            module = _hip.Module.from_file(kernels)
+        module = self._load_module("allreduce")
         found = layout.KernelLayout(module)
         if self.world > found.max_ranks:
             raise ValueError(f"the kernels support {found.max_ranks} ranks, not {self.world}")
-        return module, found
+        return module, found, rmsnorm.RowKernels(self._load_module("allreduce_rmsnorm"))
 
     def _allocate(self):
         res = self._resources
@@ -150,9 +157,9 @@ class Communicator:
     def _bus_id(self):
         return _hip.Device(self.device).pci_bus_id
 
-    def _block_cap(self, sharing):
-        """Blocks per call such that every rank's blocks fit on the GPU at once,
-        with half of its block slots left to other kernels.
+    def _block_cap(self, sharing, functions):
+        """Blocks per call of ``functions`` such that every rank's blocks fit on
+        the GPU at once, with half of its block slots left to other kernels.
 
         Blocks spin on peers, so a block that cannot become resident because
         spinning blocks hold the slots it needs waits until the timeout; the
@@ -165,12 +172,29 @@ class Communicator:
         spinning peer there and may use every slot.
         """
         dev = _hip.Device(self.device)
-        occupancy = min(self._function(algo, dtype).max_active_blocks_per_multiprocessor(
-                            self._layout.threads)
-                        for algo in algorithms.ALGORITHMS for dtype in _KERNEL_TYPES)
+        occupancy = min(f.max_active_blocks_per_multiprocessor(self._layout.threads)
+                        for f in functions)
         slots = dev.multiprocessor_count * occupancy
         per_rank = slots if sharing == 1 else max(1, slots // (2 * sharing))
         return min(self._layout.max_blocks, dev.multiprocessor_count, per_rank)
+
+    def _allreduce_functions(self):
+        return [self._function(algo, dtype)
+                for algo in algorithms.ALGORITHMS for dtype in _KERNEL_TYPES]
+
+    def _fused_functions(self):
+        return [self._fused_function(variant, dtype)
+                for variant in algorithms.FUSED_VARIANTS for dtype in _KERNEL_TYPES]
+
+    def _fused_function(self, variant, dtype):
+        key = ("rmsnorm", variant, dtype)
+        function = self._functions.get(key)
+        if function is None:
+            name = (f"pyar_allreduce_rmsnorm_{variant.replace('stage', '_stage')}_"
+                    f"{_KERNEL_TYPES[dtype]}_w{self.world}")
+            function = self._row_kernels.function(name, rmsnorm.FUSED_TYPES)
+            self._functions[key] = function
+        return function
 
     def _function(self, algo, dtype):
         key = (algo, dtype)
@@ -200,8 +224,7 @@ class Communicator:
             return
         missing = [r for r in range(self.world) if words[1 + r]]
         logged = self._call_log.get(int(words[1 + MAX_WORLD]) % _CALL_LOG)
-        call = ("a collective" if logged is None else
-                "allreduce call {} ({}, {} x {})".format(*logged))
+        call = "a collective" if logged is None else logged
         self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
         raise self._failure
 
@@ -367,12 +390,113 @@ class Communicator:
             packs = count // lanes
             work = packs if algo == "oneshot" else -(-packs // self.world)
             blocks = min(self._max_blocks, max(1, -(-work // threads)))
-            call = self._calls & 0xFFFFFFFF
-            self._call_log[call % _CALL_LOG] = (self._calls, algo, count, x.dtype)
-            self._calls += 1
+            call = self._next_call("allreduce", f"({algo}, {count} x {x.dtype})")
             function.launch(blocks, threads,
                             (table, in_offset, out.ptr + offset, self._state.ptr, count,
                              self._timeout_ns, call), stream=stream)
+
+    def _next_call(self, kind, details):
+        """The 32-bit sequence number the kernel reports on timeout; the log
+        turns it back into a description of the call."""
+        call = self._calls & 0xFFFFFFFF
+        self._call_log[call % _CALL_LOG] = f"{kind} call {self._calls} {details}"
+        self._calls += 1
+        return call
+
+    # --- fused all-reduce + RMSNorm ---------------------------------------------
+
+    def allreduce_rmsnorm(self, x, residual, weight, eps=1e-6, out=None, residual_out=None,
+                          stream=None, *, quant=None, group_size=128, fp8_dtype=None,
+                          quantized=None, scales=None, algo="auto"):
+        """Sum ``x`` (tokens, hidden) over all ranks, add ``residual``, RMSNorm
+        with ``weight`` (hidden,), optionally quantize -- in one kernel.
+
+        ``r = sum(x) + residual`` goes to ``residual_out`` (``residual`` itself
+        when None: in place); ``y = r / sqrt(mean(r**2) + eps) * weight`` to
+        ``out`` (a new array when None and no ``quant``).  Sums run in float32
+        in rank order, so every rank gets the same bits for the same residual
+        and weight; r is rounded to the dtype before y is computed from it.
+
+        ``quant``: None, "fp8_per_token", "fp8_per_group" (``group_size``
+        elements per scale) or "mxfp4" (OCP MX: E2M1 codes two per byte, even
+        index in the low nibble, one E8M0 scale per 32); ``fp8_dtype`` defaults
+        to float8_e4m3fnuz on gfx94x and float8_e4m3fn elsewhere.  The
+        definitions are those of ``pyar.quant``, which also dequantizes.  With
+        ``quant`` the normed output is written only when ``out`` is given.
+
+        ``algo``: "auto", "onestage" (every rank reads all peers' rows) or
+        "twostage" (reduce-scatter, then every rank gathers the sums and norms).
+        Eager, on registered inputs and under graph capture like
+        ``allreduce``.  Returns FusedOutputs(out, residual_out, quantized,
+        scales).
+        """
+        self._check_usable()
+        if self.debug and self.world > 1:
+            call, algo, registered = exchange.run_everywhere(
+                self._node, self._prepare_rmsnorm, x, residual, weight, eps, out, residual_out,
+                stream, quant, group_size, fp8_dtype, quantized, scales, algo)
+            exchange.check_agreement(
+                self._node, "the allreduce_rmsnorm (tokens, hidden, dtype, quantization, "
+                "algorithm, registered input)",
+                (*call.agreement_key(), algo, registered is not None))
+        else:
+            call, algo, registered = self._prepare_rmsnorm(
+                x, residual, weight, eps, out, residual_out, stream, quant, group_size,
+                fp8_dtype, quantized, scales, algo)
+        if call.tokens == 0:
+            return call.outputs()
+        if self.world == 1:
+            self._row_kernels.add_rmsnorm(call, stream, self._local_blocks())
+            return call.outputs()
+        self._check_timeout()
+        self._launch_rmsnorm(call, algo, registered, stream)
+        return call.outputs()
+
+    def _local_blocks(self):
+        return _hip.Device(self.device).multiprocessor_count * 2
+
+    def _prepare_rmsnorm(self, x, residual, weight, eps, out, residual_out, stream, quant,
+                         group_size, fp8_dtype, quantized, scales, algo):
+        algorithms.validate_fused(algo)
+        if self._row_kernels is None:  # a world of one loads them on first use
+            self._row_kernels = rmsnorm.RowKernels(self._load_module("allreduce_rmsnorm"))
+        call = rmsnorm.RowCall(x, residual, weight, eps, out, residual_out, quant, group_size,
+                               fp8_dtype, quantized, scales, stream, self.device,
+                               self._row_kernels.layout)
+        row_bytes = call.hidden * call.x.dtype.itemsize
+        if row_bytes > self.max_size:
+            raise ValueError(f"a row of {row_bytes} bytes does not fit the communicator's "
+                             f"scratch buffer (max_size {self.max_size})")
+        if self.world == 1 or call.tokens == 0:
+            return call, algo, None
+        source = _hip.as_stream(stream)
+        if source.handle and source.is_capturing:
+            registered = self._registry.defer(call.x)
+        else:
+            registered = self._registry.lookup(call.x.ptr, call.x.nbytes)
+        if algo == "auto":
+            algo = algorithms.choose_fused(call.x.nbytes, self.world)
+        return call, algo, registered
+
+    def _launch_rmsnorm(self, call, algo, registered, stream):
+        function = self._fused_function(algo, call.x.dtype)
+        row_bytes = call.hidden * call.x.dtype.itemsize
+        chunk = self.max_size // row_bytes
+        for first in range(0, call.tokens, chunk):
+            count = min(chunk, call.tokens - first)
+            offset = first * row_bytes
+            if registered is None:
+                scratch = self._buffer.ptr + self._scratch_offset
+                _hip.memcpy_dtod(scratch, call.x.ptr + offset, count * row_bytes, stream)
+                table, in_offset = self._staged_table.ptr, 0
+            else:
+                table, in_offset = registered, offset // layout.PACK_BYTES
+            blocks = min(self._max_fused_blocks, count)
+            number = self._next_call("allreduce_rmsnorm",
+                                     f"({algo}, {count} x {call.hidden} {call.x.dtype})")
+            function.launch(blocks, self._layout.threads,
+                            (table, in_offset, count, *call.row_args(first, count),
+                             self._state.ptr, self._timeout_ns, number), stream=stream)
 
     # --- teardown ---------------------------------------------------------------
 

@@ -89,6 +89,19 @@ PYAR_DEVICE Pack16 load_peer(const Pack16 *p) {
 
 PYAR_DEVICE void store_pack(Pack16 *p, const Pack16 &v) { *p = v; }
 
+// --- Warp-level reductions ----------------------------------------------------
+
+constexpr int kWarpSize = PYAR_AMD ? 64 : 32;
+
+// Every lane of the warp must call it (the masks stay within one warp).
+PYAR_DEVICE float shuffle_xor(float v, int mask) {
+#if PYAR_AMD
+  return __shfl_xor(v, mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#endif
+}
+
 // --- Element conversions (fp32 accumulation) ---------------------------------
 
 struct bf16_bits {

@@ -1,0 +1,893 @@
+"""allreduce_rmsnorm without a GPU (tier a): the calling convention between
+the host (pyar/comm/rmsnorm.py, pyar/comm/communicator.py) and the kernels of
+src/kernels/allreduce_rmsnorm.cu, the choice of fused variant, and the
+argument checks of ``RowCall`` / ``Quantization``.
+
+How this runs without a GPU:
+
+* The kernel source is parsed (macro continuation lines joined): the entry
+  names and parameter lists the macros define, ``struct RowArgs``, the
+  ``pyar_rmsnorm_layout`` initializer and the ``QuantKind`` codes.
+* The host asks a ``_RecordingModule`` for its kernels; its functions record
+  ``launch`` calls and check the arguments the way ``pyar._hip.Function``
+  packs them (count, integer kinds in range, float for float32).
+* Arrays are ``pyar.DeviceArray.from_pointer(address, shape, dtype,
+  device=0)`` on made-up, 16-byte-aligned, non-overlapping addresses: the
+  constructor makes no GPU call when ``device`` is given, and the checks only
+  read ``ptr``, ``shape``, ``dtype``, ``device`` and ``readonly``.  Nothing is
+  dereferenced.  Every test passes explicit outputs, because a missing output
+  is allocated with ``pyar.empty`` (a GPU call).
+* The layout the checks read from a loaded module is a plain namespace with
+  the values of the kernel constants (``LAYOUT``); a test checks those against
+  the source and ``RowLayout`` against the initializer's bytes.
+* ``fp8_dtype`` is given explicitly except where ``rmsnorm.default_fp8_dtype``
+  (or the ``_hip.Device`` query behind it) is monkeypatched.
+* ``Communicator`` methods are exercised on an instance made with
+  ``__new__`` plus the attributes they read, as tests/test_comm_cpu.py does;
+  ``memcpy_dtod`` (the staging copy) is monkeypatched to record.
+
+Not covered here: ``allreduce_rmsnorm`` on a closed communicator.  A real
+``Communicator`` cannot be constructed without a GPU (``_select_device``
+calls hipGetDeviceCount, which raises hipErrorNoDevice), so that check lives
+with the GPU tests.
+"""
+import math
+import operator
+import os
+import re
+import struct
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")  # pyar.comm initializes MPI (a singleton here)
+
+import pyar  # noqa: E402
+from pyar.comm import algorithms, communicator, rmsnorm  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = os.path.join(ROOT, "src", "kernels")
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
+E4M3FNUZ = np.dtype(ml_dtypes.float8_e4m3fnuz)
+U8 = np.dtype(np.uint8)
+
+# The fields of struct RowArgs, in the order the kernels declare them.
+ROW_FIELDS = ("residual", "weight", "residual_out", "y", "q", "scales", "hidden", "eps",
+              "quant", "group")
+
+# What RowLayout would read from a loaded module (checked against the source below).
+LAYOUT = types.SimpleNamespace(max_hidden=16384, threads=512, mx_block=32, fnuz_flag=0x10)
+
+
+# --- parsing the kernel source ---------------------------------------------------
+
+def _read(name):
+    with open(os.path.join(KERNELS, name)) as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def source():
+    """allreduce_rmsnorm.cu with macro continuation lines joined."""
+    return re.sub(r"\\\n", " ", _read("allreduce_rmsnorm.cu"))
+
+
+def _macro(source, name):
+    """(parameter names, body) of ``#define name(...) body``."""
+    m = re.search(r"^#define %s\(([^)]*)\)(.*)$" % name, source, re.M)
+    assert m, f"macro {name} not found in allreduce_rmsnorm.cu"
+    return [p.strip() for p in m.group(1).split(",")], " ".join(m.group(2).split())
+
+
+def _macro_body(source, name):
+    m = re.search(r"^#define %s[ \t](.*)$" % name, source, re.M)
+    assert m, f"macro {name} not found in allreduce_rmsnorm.cu"
+    return " ".join(m.group(1).split())
+
+
+def _paste(template, **values):
+    """``a##b##c`` with the macro parameters among the pieces substituted."""
+    return "".join(values.get(piece.strip(), piece.strip()) for piece in template.split("##"))
+
+
+def _kind(ctype):
+    """The pyar._hip argument kind a C parameter type is passed as."""
+    if ctype.endswith("*"):
+        return "ptr"
+    return {"uint64_t": "uint64", "uint32_t": "uint32", "float": "float32"}[ctype]
+
+
+def _parameters(text):
+    """[(C type, name)] of a parameter list such as ``const T *a, uint32_t n``."""
+    params = []
+    for p in text.split(","):
+        m = re.fullmatch(r"(.*?)\s*(\w+)", " ".join(p.split()))
+        assert m, f"cannot parse parameter {p!r}"
+        ctype = re.sub(r"\s*\*", " *", m.group(1)).strip()
+        params.append((ctype, m.group(2)))
+    return params
+
+
+def _row_params(source):
+    return _parameters(_macro_body(source, "PYAR_ROW_PARAMS"))
+
+
+def _with_row_params(source, text):
+    return text.replace("PYAR_ROW_PARAMS", _macro_body(source, "PYAR_ROW_PARAMS"))
+
+
+def _dtype_names(source):
+    """The top-level ``PYAR_FUSED_TYPES(name, T)`` instantiations: {name: T}."""
+    found = dict(re.findall(r"^PYAR_FUSED_TYPES\((\w+), ([\w:]+)\)", source, re.M))
+    assert found, "no PYAR_FUSED_TYPES instantiation found"
+    return found
+
+
+def _fused_entries(source):
+    """(every fused entry name the macros define, its [(C type, name)])."""
+    args, body = _macro(source, "PYAR_FUSED_ENTRY")
+    assert args == ["algo", "name", "T", "W"], args
+    m = re.search(r"void __launch_bounds__\(pyar::kThreads\) ([\w#]+)\((.*?)\) \{", body)
+    assert m, body
+    template, params = m.group(1), _parameters(_with_row_params(source, m.group(2)))
+    _, worlds_body = _macro(source, "PYAR_FUSED_WORLDS")
+    worlds = re.findall(r"PYAR_FUSED_ENTRY\(algo, name, T, (\d+)\)", worlds_body)
+    _, types_body = _macro(source, "PYAR_FUSED_TYPES")
+    algos = re.findall(r"PYAR_FUSED_WORLDS\((\w+), name, T\)", types_body)
+    names = {_paste(template, algo=a, name=t, W=w)
+             for a in algos for t in _dtype_names(source) for w in worlds}
+    return names, params
+
+
+def _local_entries(source):
+    """{kernel name: [(C type, name)]} of the single-GPU kernels."""
+    args, body = _macro(source, "PYAR_LOCAL_ENTRIES")
+    assert args == ["name", "T"], args
+    found = re.findall(r"void __launch_bounds__\(pyar::kThreads\) ([\w#]+)\((.*?)\) \{", body)
+    assert len(found) == 2, found
+    entries = {}
+    for template, params in found:
+        for t in _dtype_names(source):
+            entries[_paste(template, name=t)] = _parameters(_with_row_params(source, params))
+    return entries
+
+
+def _struct_fields(source, name):
+    body = re.search(r"struct %s \{(.*?)\n\};" % name, source, re.S)
+    assert body, f"struct {name} not found"
+    fields = []
+    for line in body.group(1).splitlines():
+        code = line.split("//")[0].strip()
+        if code:
+            fields.extend(_parameters(code.rstrip(";")))
+    return fields
+
+
+def _constants(text):
+    return {name: int(value, 0)
+            for name, value in re.findall(r"constexpr \w+ (k\w+) = (0x[0-9a-fA-F]+|\d+);", text)}
+
+
+# --- recording stand-ins for a loaded module ---------------------------------------
+
+_RANGES = {"uint32": 1 << 32, "uint64": 1 << 64, "ptr": 1 << 64}
+
+
+class _RecordingFunction:
+    def __init__(self, name, argtypes):
+        self.name, self.argtypes, self.launches = name, tuple(argtypes), []
+
+    def launch(self, grid, block, args=(), shared_mem=0, stream=None):
+        # What pyar._hip.Function.launch would refuse.
+        assert len(args) == len(self.argtypes), (self.name, args)
+        for kind, value in zip(self.argtypes, args):
+            if kind == "float32":
+                assert isinstance(value, float), (self.name, kind, value)
+            else:
+                assert not isinstance(value, (bool, float)), (self.name, kind, value)
+                assert 0 <= operator.index(value) < _RANGES[kind], (self.name, kind, value)
+        self.launches.append((grid, block, tuple(args), stream))
+
+
+class _RecordingModule:
+    """Stands in for a loaded code object: records the kernels asked for."""
+
+    def __init__(self):
+        self.requests = []
+        self.functions = {}
+
+    def get_function(self, name, argtypes=()):
+        self.requests.append((name, tuple(argtypes)))
+        function = self.functions[name] = _RecordingFunction(name, argtypes)
+        return function
+
+
+def _row_kernels():
+    """RowKernels over a _RecordingModule (no RowLayout read from a GPU)."""
+    kernels = rmsnorm.RowKernels.__new__(rmsnorm.RowKernels)
+    kernels.module = _RecordingModule()
+    kernels.layout = LAYOUT
+    kernels._functions = {}
+    return kernels
+
+
+# --- fake device arrays -------------------------------------------------------------
+
+class _Addresses:
+    """Made-up device addresses: 4 KiB aligned, a 4 KiB gap between arrays."""
+
+    def __init__(self):
+        self.next = 0x7F00_0000_0000
+
+    def take(self, nbytes):
+        ptr = self.next
+        self.next += (nbytes + 0x1FFF) // 0x1000 * 0x1000
+        return ptr
+
+
+@pytest.fixture
+def dev():
+    addresses = _Addresses()
+
+    def make(shape, dtype, *, at=None, device=0, readonly=False):
+        dtype = np.dtype(dtype)
+        ptr = addresses.take(math.prod(shape) * dtype.itemsize) if at is None else at
+        return pyar.DeviceArray.from_pointer(ptr, shape, dtype, device=device,
+                                             readonly=readonly)
+    return make
+
+
+def test_fake_arrays_make_no_gpu_call(dev):
+    # The premise of this file: the checks read these attributes and nothing else.
+    a = dev((4, 2880), BF16)
+    assert (a.shape, a.dtype, a.device, a.readonly, a.nbytes) == ((4, 2880), BF16, 0, False,
+                                                                  4 * 2880 * 2)
+    assert a.ptr % rmsnorm.PACK_BYTES == 0 and isinstance(a, pyar.DeviceArray)
+
+
+def _call(dev, *, tokens=4, hidden=2880, dtype=BF16, x=None, residual=None, weight=None,
+          eps=1e-6, out="new", residual_out=None, quant=None, group_size=128,
+          fp8_dtype=E4M3FN, quantized=None, scales=None, device=0):
+    """A RowCall with every array given explicitly ("new": a fresh array)."""
+    x = dev((tokens, hidden), dtype) if x is None else x
+    residual = dev(x.shape, x.dtype) if residual is None else residual
+    weight = dev((x.shape[-1],), x.dtype) if weight is None else weight
+    if isinstance(out, str):
+        out = dev(x.shape, x.dtype)
+    return rmsnorm.RowCall(x, residual, weight, eps, out, residual_out, quant, group_size,
+                           fp8_dtype, quantized, scales, None, device, LAYOUT)
+
+
+def _quant_outputs(dev, quant, tokens, hidden, group_size=128, fp8_dtype=E4M3FN):
+    """Correctly shaped (quantized, scales) for ``quant``."""
+    if quant == "mxfp4":
+        return dev((tokens, hidden // 2), U8), dev((tokens, hidden // 32), U8)
+    group = hidden if quant == "fp8_per_token" else group_size
+    return dev((tokens, hidden), fp8_dtype), dev((tokens, hidden // group), F32)
+
+
+# --- 1. the kernel/host calling convention --------------------------------------------
+
+def test_kernel_dtype_names_are_the_hosts(source):
+    """The f32/f16/bf16 suffixes instantiate the C types the host's dtypes mean."""
+    c_type = {"float": F32, "__half": F16, "pyar::bf16_bits": BF16}
+    assert {name: c_type[t] for name, t in _dtype_names(source).items()} == {
+        name: dtype for dtype, name in rmsnorm.DTYPES.items()}
+    assert rmsnorm.DTYPES == communicator._KERNEL_TYPES
+
+
+def test_fused_entry_parameters_are_the_fused_types(source):
+    _, params = _fused_entries(source)
+    assert [name for _, name in params] == [
+        "in", "in_offset", "tokens", *ROW_FIELDS, "state", "timeout_ns", "call"]
+    assert tuple(_kind(ctype) for ctype, _ in params) == rmsnorm.FUSED_TYPES
+
+
+def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
+    names, params = _fused_entries(source)
+    assert len(names) == 2 * 3 * 7, sorted(names)
+    kinds = tuple(_kind(ctype) for ctype, _ in params)
+    asked = set()
+    for world in range(2, 9):
+        comm = communicator.Communicator.__new__(communicator.Communicator)
+        comm.world = world
+        comm._functions = {}
+        comm._row_kernels = _row_kernels()
+        for variant in algorithms.FUSED_VARIANTS:
+            for dtype in communicator._KERNEL_TYPES:
+                first = comm._fused_function(variant, dtype)
+                assert comm._fused_function(variant, dtype) is first  # cached
+        assert len(comm._fused_functions()) == 6
+        requests = comm._row_kernels.module.requests
+        assert len(requests) == 6, requests  # each asked for once
+        for name, argtypes in requests:
+            assert name in names, name
+            assert name.endswith(f"_w{world}"), name
+            assert argtypes == kinds, (name, argtypes)
+            asked.add(name)
+    assert asked == names
+
+
+def test_local_kernels_take_what_row_kernels_pass(source, dev):
+    entries = _local_entries(source)
+    assert sorted(entries) == sorted(f"pyar_{kernel}_{t}" for kernel in ("add_rmsnorm", "quantize")
+                                     for t in ("f32", "f16", "bf16"))
+    for dtype in rmsnorm.DTYPES:
+        kernels = _row_kernels()
+        tokens, hidden = 5, 256
+        q, s = _quant_outputs(dev, "fp8_per_group", tokens, hidden, 64)
+        call = _call(dev, tokens=tokens, hidden=hidden, dtype=dtype, quant="fp8_per_group",
+                     group_size=64, quantized=q, scales=s)
+        kernels.add_rmsnorm(call, None, max_blocks=3)
+        kernels.quantize(call.out, call.quant, q, s, None, max_blocks=8)
+        assert len(kernels.module.requests) == 2
+        for name, argtypes in kernels.module.requests:
+            assert name in entries, name
+            assert name.endswith("_" + rmsnorm.DTYPES[dtype]), name
+            assert argtypes == tuple(_kind(c) for c, _ in entries[name]), name
+        add = kernels.module.functions[f"pyar_add_rmsnorm_{rmsnorm.DTYPES[dtype]}"]
+        (grid, block, args, _), = add.launches
+        assert (grid, block) == (3, LAYOUT.threads)
+        by_name = dict(zip((n for _, n in entries[add.name]), args))
+        assert by_name["x"] == call.x.ptr and by_name["tokens"] == tokens
+        assert tuple(by_name[f] for f in ROW_FIELDS) == call.row_args(0, tokens)
+        quantize = kernels.module.functions[f"pyar_quantize_{rmsnorm.DTYPES[dtype]}"]
+        (grid, block, args, _), = quantize.launches
+        assert (grid, block) == (tokens, LAYOUT.threads)  # min(max_blocks, tokens)
+        assert dict(zip((n for _, n in entries[quantize.name]), args)) == {
+            "y": call.out.ptr, "tokens": tokens, "hidden": hidden, "q": q.ptr,
+            "scales": s.ptr, "quant": call.quant_code, "group": 64}
+
+
+def test_local_kernels_launch_nothing_for_zero_tokens(dev):
+    kernels = _row_kernels()
+    q, s = _quant_outputs(dev, "mxfp4", 0, 256)
+    call = _call(dev, tokens=0, hidden=256, quant="mxfp4", quantized=q, scales=s)
+    kernels.add_rmsnorm(call, None, 8)
+    kernels.quantize(dev((0, 256), BF16), call.quant, q, s, None, 8)
+    assert kernels.module.requests == []
+
+
+def test_rmsnorm_layout_lists_what_row_layout_reads(source, monkeypatch):
+    init = re.search(r"pyar_rmsnorm_layout\[(\d+)\] = \{(.*?)\};", source, re.S)
+    assert init, "pyar_rmsnorm_layout not found"
+    assert re.search(r"const uint64_t pyar_rmsnorm_layout\[", source)  # 8 bytes an entry
+    entries = [" ".join(e.split()) for e in init.group(2).split(",")]
+    assert int(init.group(1)) == len(entries) == len(rmsnorm.RowLayout._FIELDS)
+    # pyar::kMaxHidden -> max_hidden, ..., in RowLayout's order.
+    snake = [re.sub(r"(?<!^)(?=[A-Z])", "_", re.fullmatch(r"pyar::k(\w+)", e).group(1)).lower()
+             for e in entries]
+    assert tuple(snake) == rmsnorm.RowLayout._FIELDS
+
+    constants = {**_constants(_read("pyar_protocol.h")), **_constants(source)}
+    values = [constants[e.split("::")[1]] for e in entries]
+    assert values == [getattr(LAYOUT, f) for f in rmsnorm.RowLayout._FIELDS]
+
+    class Module:
+        def get_global(self, name):
+            assert name == "pyar_rmsnorm_layout"
+            return 0xABC000, 8 * len(values)
+
+    def memcpy_dtoh(dst, src):
+        assert src == 0xABC000
+        dst[:] = struct.pack(f"<{len(values)}Q", *values)
+
+    monkeypatch.setattr(rmsnorm._hip, "memcpy_dtoh", memcpy_dtoh)
+    read = rmsnorm.RowLayout(Module())
+    assert [getattr(read, f) for f in rmsnorm.RowLayout._FIELDS] == values
+
+
+def test_row_args_struct_params_and_initializer_agree(source):
+    fields = _struct_fields(source, "RowArgs")
+    params = _row_params(source)
+    assert tuple(name for _, name in fields) == ROW_FIELDS
+    assert tuple(name for _, name in params) == ROW_FIELDS
+    # The parameters have the fields' types (namespace aside) ...
+    assert [c.replace("pyar::", "") for c, _ in params] == [c for c, _ in fields]
+    # ... and are what the host passes.
+    assert tuple(_kind(c) for c, _ in params) == rmsnorm._ROW_TYPES
+    assert rmsnorm.FUSED_TYPES[3:3 + len(ROW_FIELDS)] == rmsnorm._ROW_TYPES
+    # Aggregate initialization follows declaration order.
+    init = re.search(r"pyar::RowArgs \{(.*?)\}", _macro_body(source, "PYAR_ROW_ARGS"))
+    assert tuple(e.strip() for e in init.group(1).split(",")) == ROW_FIELDS
+    # The quantize kernel fills the fields it has by position.
+    _, body = _macro(source, "PYAR_LOCAL_ENTRIES")
+    init = re.search(r"pyar::RowArgs\{(.*?)\}", body)
+    assert dict(zip(ROW_FIELDS, (e.strip() for e in init.group(1).split(",")))) == {
+        "residual": "nullptr", "weight": "nullptr", "residual_out": "nullptr",
+        "y": "nullptr", "q": "q", "scales": "scales", "hidden": "hidden", "eps": "0.f",
+        "quant": "quant", "group": "group"}
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_per_token", "fp8_per_group", "mxfp4"])
+def test_row_args_by_struct_field(dev, quant):
+    tokens, hidden, first = 6, 512, 2
+    q, s = _quant_outputs(dev, quant, tokens, hidden) if quant else (None, None)
+    residual_out = dev((tokens, hidden), BF16)
+    call = _call(dev, tokens=tokens, hidden=hidden, eps=1e-5, quant=quant,
+                 residual_out=residual_out, quantized=q, scales=s)
+    args = dict(zip(ROW_FIELDS, call.row_args(first, 3)))
+    row = hidden * 2
+    assert args["residual"] == call.residual.ptr + first * row
+    assert args["weight"] == call.weight.ptr  # one row for every token
+    assert args["residual_out"] == residual_out.ptr + first * row
+    assert args["y"] == call.out.ptr + first * row
+    assert (args["hidden"], args["eps"]) == (hidden, 1e-5)
+    if quant is None:
+        assert (args["q"], args["scales"], args["quant"], args["group"]) == (0, 0, 0, 0)
+    else:
+        assert args["q"] == q.ptr + first * q.shape[1] * q.itemsize
+        assert args["scales"] == s.ptr + first * s.shape[1] * s.itemsize
+        assert args["quant"] == call.quant_code
+        assert args["group"] == {"fp8_per_token": hidden, "fp8_per_group": 128,
+                                 "mxfp4": 32}[quant]
+
+
+def test_quant_codes_are_the_kernels(source):
+    enum = re.search(r"enum QuantKind : uint32_t \{(.*?)\};", source)
+    assert enum, "enum QuantKind not found"
+    codes = {name.strip(): int(value, 0)
+             for name, value in (e.split("=") for e in enum.group(1).split(","))}
+    assert codes == {"kNoQuant": 0, "kFp8": 1, "kMxfp4": 2}
+    assert rmsnorm._KIND_CODE == {None: codes["kNoQuant"], "fp8_per_token": codes["kFp8"],
+                                  "fp8_per_group": codes["kFp8"], "mxfp4": codes["kMxfp4"]}
+    # The kernels take the kind from the low nibble; the FNUZ flag lies above it.
+    assert "a.quant & 0xf" in source and "a.quant & kFnuzFlag" in source
+    assert _constants(source)["kFnuzFlag"] & 0xF == 0
+    assert max(codes.values()) <= 0xF
+
+
+def _comm(world, max_size=1 << 20):
+    """A Communicator with just what _prepare_rmsnorm/_launch_rmsnorm read."""
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm.world, comm.rank, comm.device, comm.max_size = world, 0, 0, max_size
+    comm._functions, comm._calls, comm._call_log = {}, 0, {}
+    comm._row_kernels = _row_kernels()
+    comm._layout = types.SimpleNamespace(threads=LAYOUT.threads)
+    comm._max_fused_blocks = 40
+    comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
+    comm._scratch_offset = 0x1000
+    comm._staged_table = types.SimpleNamespace(ptr=0x5100_0000_0000)
+    comm._state = types.SimpleNamespace(ptr=0x5200_0000_0000)
+    comm._timeout_ns = 300 * 10**9
+    comm._registry = types.SimpleNamespace(lookup=lambda ptr, nbytes: None)
+    return comm
+
+
+@pytest.mark.parametrize("registered", [None, 0x5300_0000_0000])
+def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeypatch,
+                                                            registered):
+    _, params = _fused_entries(source)
+    names = [n for _, n in params]
+    tokens, hidden = 10, 1024
+    row = hidden * 2
+    comm = _comm(world=4, max_size=4 * row)  # 4 rows a chunk: 4 + 4 + 2
+    copies = []
+    monkeypatch.setattr(communicator._hip, "memcpy_dtod",
+                        lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    q, s = _quant_outputs(dev, "fp8_per_token", tokens, hidden)
+    call = _call(dev, tokens=tokens, hidden=hidden, quant="fp8_per_token", quantized=q,
+                 scales=s, out=None)
+    comm._launch_rmsnorm(call, "twostage", registered, stream=None)
+    function = comm._row_kernels.module.functions["pyar_allreduce_rmsnorm_two_stage_bf16_w4"]
+    assert len(function.launches) == 3
+    firsts = [0, 4, 8]
+    for number, (first, (grid, block, args, _)) in enumerate(zip(firsts, function.launches)):
+        count = min(4, tokens - first)
+        got = dict(zip(names, args))
+        assert (grid, block) == (count, LAYOUT.threads)  # min(max blocks 40, rows)
+        assert got["tokens"] == count
+        assert tuple(got[f] for f in ROW_FIELDS) == call.row_args(first, count)
+        assert got["y"] == 0  # quantized output only: no out
+        assert got["state"] == comm._state.ptr and got["timeout_ns"] == comm._timeout_ns
+        assert got["call"] == number
+        if registered is None:
+            assert got["in"] == comm._staged_table.ptr and got["in_offset"] == 0
+        else:
+            assert got["in"] == registered
+            assert got["in_offset"] == first * row // rmsnorm.PACK_BYTES  # in packs
+    if registered is None:
+        scratch = comm._buffer.ptr + comm._scratch_offset
+        assert copies == [(scratch, call.x.ptr + f * row, min(4, tokens - f) * row)
+                          for f in firsts]
+    else:
+        assert copies == []
+    assert "allreduce_rmsnorm call 2 (twostage, 2 x 1024 bfloat16)" in comm._call_log.values()
+
+
+@pytest.mark.parametrize("world", [2, 5, 8])
+def test_prepare_rmsnorm_picks_the_variant_by_input_bytes(dev, world):
+    comm = _comm(world)
+    limit = algorithms.FUSED_ONESTAGE_MAX_BYTES[world]
+    hidden = 1024
+    for tokens, want in ((limit // (2 * hidden), "onestage"),
+                         (limit // (2 * hidden) + 1, "twostage")):
+        call, algo, registered = comm._prepare_rmsnorm(
+            dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16),
+            1e-6, dev((tokens, hidden), BF16), None, None, None, 128, None, None, None,
+            "auto")
+        assert (algo, registered, call.tokens) == (want, None, tokens)
+    # An explicit choice is kept.
+    _, algo, _ = comm._prepare_rmsnorm(
+        dev((1, hidden), BF16), dev((1, hidden), BF16), dev((hidden,), BF16), 1e-6,
+        dev((1, hidden), BF16), None, None, None, 128, None, None, None, "twostage")
+    assert algo == "twostage"
+
+
+def test_prepare_rmsnorm_refuses_a_row_larger_than_the_scratch(dev):
+    comm = _comm(2, max_size=4096)
+    x = dev((2, 4096), F32)  # 16 KiB rows
+    with pytest.raises(ValueError, match="does not fit"):
+        comm._prepare_rmsnorm(x, dev(x.shape, F32), dev((4096,), F32), 1e-6, dev(x.shape, F32),
+                              None, None, None, 128, None, None, None, "auto")
+
+
+def test_prepare_rmsnorm_checks_algo_first(dev):
+    comm = _comm(2)
+    with pytest.raises(ValueError, match="'threestage'"):
+        comm._prepare_rmsnorm(None, None, None, 1e-6, None, None, None, None, 128, None, None,
+                              None, "threestage")
+
+
+# --- 2. the choice of fused variant ----------------------------------------------------
+
+SIZES = [0, 1, 16, 4096, 65536, 128 * 1024, 128 * 1024 + 16, 256 * 1024, 256 * 1024 + 16,
+         512 * 1024, 512 * 1024 + 16, 1 << 20, 64 << 20, 1 << 30]
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_choose_fused_has_one_crossover_at_the_table(world):
+    picks = [algorithms.choose_fused(n, world) for n in SIZES]
+    assert set(picks) <= set(algorithms.FUSED_VARIANTS)
+    assert picks[0] == "onestage" and picks[-1] == "twostage", picks
+    switch = picks.index("twostage")
+    assert picks == ["onestage"] * switch + ["twostage"] * (len(picks) - switch), picks
+    limit = algorithms.FUSED_ONESTAGE_MAX_BYTES[world]
+    assert algorithms.choose_fused(limit, world) == "onestage"
+    assert algorithms.choose_fused(limit + 1, world) == "twostage"
+
+
+def test_fused_table_covers_worlds_2_to_8():
+    assert algorithms.FUSED_VARIANTS == ("onestage", "twostage")
+    assert sorted(algorithms.FUSED_ONESTAGE_MAX_BYTES) == list(range(2, 9))
+    for limit in algorithms.FUSED_ONESTAGE_MAX_BYTES.values():
+        assert isinstance(limit, int) and limit > 0 and limit % 16 == 0
+
+
+@pytest.mark.parametrize("world", [-1, 0, 1, 9, 16])
+def test_choose_fused_rejects_worlds_outside_2_to_8(world):
+    with pytest.raises(ValueError, match=r"world size %d \(supported: 2..8\)" % world):
+        algorithms.choose_fused(4096, world)
+
+
+@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage"])
+def test_validate_fused_accepts(algo):
+    assert algorithms.validate_fused(algo) == algo
+
+
+@pytest.mark.parametrize("algo", ["", "oneshot", "one_stage", "ONESTAGE", "threestage", None, 1])
+def test_validate_fused_rejects_naming_the_algo(algo):
+    with pytest.raises(ValueError) as error:
+        algorithms.validate_fused(algo)
+    assert "algo must be 'auto' or one of" in str(error.value)
+    assert str(error.value).endswith(f"got {algo!r}")
+
+
+# --- 3. argument checks: RowCall and Quantization ------------------------------------
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_a_plain_call_is_accepted(dev, dtype):
+    hidden = 16384
+    call = _call(dev, tokens=3, hidden=hidden, dtype=dtype)
+    assert (call.tokens, call.hidden, call.eps) == (3, hidden, 1e-6)
+    assert call.residual_out is call.residual  # in place by default
+    assert call.quant is None and call.quantized is None and call.scales is None
+    assert (call.quant_code, call.group) == (0, 0)
+    assert call.agreement_key() == (3, hidden, str(dtype), 0, 0)
+    assert call.outputs() == (call.out, call.residual, None, None)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, U8])
+def test_unsupported_dtype(dev, dtype):
+    with pytest.raises(TypeError, match="allreduce_rmsnorm supports"):
+        _call(dev, dtype=dtype, hidden=512, out=None)
+
+
+@pytest.mark.parametrize("shape", [(2880,), (2, 4, 2880), ()])
+def test_x_must_be_2d(dev, shape):
+    x = dev(shape, BF16)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        _call(dev, x=x, residual=dev(shape, BF16), weight=dev((2880,), BF16), out=None)
+
+
+def test_residual_shape_must_match(dev):
+    with pytest.raises(ValueError, match=r"residual has shape \(5, 2880\), x has \(4, 2880\)"):
+        _call(dev, residual=dev((5, 2880), BF16))
+
+
+@pytest.mark.parametrize("shape", [(2872,), (1, 2880), (2880, 1)])
+def test_weight_shape_must_be_hidden(dev, shape):
+    with pytest.raises(ValueError, match=r"expected \(2880,\) for hidden size 2880"):
+        _call(dev, weight=dev(shape, BF16))
+
+
+@pytest.mark.parametrize("which", ["residual", "weight"])
+def test_residual_and_weight_dtype_must_match(dev, which):
+    wrong = dev((4, 2880) if which == "residual" else (2880,), F16)
+    with pytest.raises(TypeError, match=f"{which} has dtype float16, x has bfloat16"):
+        _call(dev, **{which: wrong})
+
+
+@pytest.mark.parametrize("dtype, hidden, ok", [
+    (BF16, 2880, True), (BF16, 2884, False), (BF16, 8, True), (BF16, 4, False),
+    (F16, 2888, True), (F16, 2890, False), (F32, 2884, True), (F32, 2882, False),
+    (BF16, 16384, True), (BF16, 16392, False), (F32, 16384, True), (F32, 16388, False),
+    (BF16, 0, False),
+])
+def test_hidden_is_whole_packs_up_to_the_maximum(dev, dtype, hidden, ok):
+    if ok:
+        assert _call(dev, dtype=dtype, hidden=hidden).hidden == hidden
+    else:
+        lanes = 16 // np.dtype(dtype).itemsize
+        with pytest.raises(ValueError, match=f"hidden size {hidden} is not supported .* "
+                                             f"multiple of {lanes} up to 16384"):
+            _call(dev, dtype=dtype, hidden=hidden)
+
+
+@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), -float("inf")])
+def test_eps_must_be_finite_and_non_negative(dev, eps):
+    with pytest.raises(ValueError, match="eps must be finite and >= 0"):
+        _call(dev, eps=eps)
+
+
+@pytest.mark.parametrize("eps", [0, 0.0, 1e-5, np.float32(1e-6), 1])
+def test_eps_is_a_float(dev, eps):
+    call = _call(dev, eps=eps)
+    assert type(call.eps) is float and call.eps == float(eps)
+
+
+@pytest.mark.parametrize("quant", ["fp8", "FP8_PER_TOKEN", "mxfp8", "", 1])
+def test_unknown_quant_kind(dev, quant):
+    with pytest.raises(ValueError, match="quant must be None or one of"):
+        _call(dev, quant=quant)
+
+
+def test_fp8_per_group_needs_hidden_divisible_by_group(dev):
+    with pytest.raises(ValueError, match=r"hidden \(2880\) divisible by group_size \(128\)"):
+        _call(dev, quant="fp8_per_group", group_size=128)
+
+
+@pytest.mark.parametrize("dtype, group_size", [
+    (BF16, 24), (BF16, 512), (BF16, 4), (BF16, 96), (F32, 256), (F32, 12), (F16, 1024)])
+def test_unsupported_group_size(dev, dtype, group_size):
+    hidden = group_size * 8  # whole packs and divisible by the group: only the group is wrong
+    with pytest.raises(ValueError, match=f"group_size {group_size} is not supported"):
+        _call(dev, dtype=dtype, hidden=hidden, quant="fp8_per_group", group_size=group_size)
+
+
+@pytest.mark.parametrize("group_size", [0, -128, 128.0, "128", True, None])
+def test_group_size_must_be_a_positive_int(dev, group_size):
+    with pytest.raises(ValueError, match="group_size must be a positive int"):
+        _call(dev, hidden=1024, quant="fp8_per_group", group_size=group_size)
+
+
+@pytest.mark.parametrize("dtype, group_size", [
+    (BF16, 8), (BF16, 16), (BF16, 64), (BF16, 128), (BF16, 256), (F16, 256), (F32, 4),
+    (F32, 128), (BF16, 2880), (BF16, np.int64(32))])
+def test_supported_group_sizes(dev, dtype, group_size):
+    hidden = 2880 if group_size == 2880 else 1024
+    q, s = _quant_outputs(dev, "fp8_per_group", 4, hidden, int(group_size))
+    call = _call(dev, dtype=dtype, hidden=hidden, quant="fp8_per_group", group_size=group_size,
+                 quantized=q, scales=s, out=None)
+    assert call.group == group_size and type(call.group) is int
+    assert call.scales.shape == (4, hidden // group_size)
+
+
+@pytest.mark.parametrize("dtype, hidden", [(BF16, 2888), (F32, 36), (F16, 16376)])
+def test_mxfp4_needs_hidden_divisible_by_32(dev, dtype, hidden):
+    with pytest.raises(ValueError, match=f"mxfp4 needs hidden divisible by 32, got {hidden}"):
+        _call(dev, dtype=dtype, hidden=hidden, quant="mxfp4")
+
+
+@pytest.mark.parametrize("fp8_dtype", [np.float16, BF16, np.int8, U8,
+                                       ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3b11fnuz])
+def test_bad_fp8_dtype(dev, fp8_dtype):
+    with pytest.raises(TypeError, match="fp8_dtype must be ml_dtypes.float8_e4m3fn or "
+                                        "float8_e4m3fnuz"):
+        _call(dev, quant="fp8_per_token", fp8_dtype=fp8_dtype)
+
+
+@pytest.mark.parametrize("which", ["x", "residual", "weight", "out", "residual_out",
+                                   "quantized", "scales"])
+@pytest.mark.parametrize("offset", [2, 8])
+def test_misaligned_pointer(dev, which, offset):
+    tokens, hidden = 4, 1024
+    arrays = {"x": (tokens, hidden), "residual": (tokens, hidden), "weight": (hidden,),
+              "out": (tokens, hidden), "residual_out": (tokens, hidden)}
+    q, s = _quant_outputs(dev, "fp8_per_group", tokens, hidden)
+    given = {"quantized": q, "scales": s}
+    for name, shape in arrays.items():
+        given[name] = dev(shape, BF16)
+    bad = given[which]
+    given[which] = dev(bad.shape, bad.dtype, at=bad.ptr + offset)
+    with pytest.raises(ValueError, match=f"{which} is not 16-byte aligned"):
+        _call(dev, quant="fp8_per_group", **given)
+
+
+def test_arrays_must_be_on_the_calls_device(dev):
+    with pytest.raises(ValueError, match="weight lives on device 1, the call runs on device 0"):
+        _call(dev, weight=dev((2880,), BF16, device=1))
+
+
+def test_host_arrays_are_refused(dev):
+    with pytest.raises(TypeError, match=r"host \(numpy\) array"):
+        _call(dev, residual=np.zeros((4, 2880), BF16))
+
+
+@pytest.mark.parametrize("shape, dtype", [((4, 2872), BF16), ((3, 2880), BF16), ((4, 2880), F16),
+                                          ((11520,), BF16)])
+def test_out_with_wrong_shape_or_dtype(dev, shape, dtype):
+    with pytest.raises(ValueError, match="out has shape .* expected"):
+        _call(dev, out=dev(shape, dtype))
+
+
+def test_read_only_outputs_are_refused(dev):
+    with pytest.raises(ValueError, match="out is a read-only array"):
+        _call(dev, out=dev((4, 2880), BF16, readonly=True))
+    with pytest.raises(ValueError, match="residual_out is a read-only array"):
+        _call(dev, residual_out=dev((4, 2880), BF16, readonly=True))
+
+
+def test_output_over_an_input_is_refused(dev):
+    x = dev((4, 2880), BF16)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        _call(dev, x=x, out=x)
+    with pytest.raises(ValueError, match="residual_out overlaps x"):
+        _call(dev, x=x, residual_out=dev((4, 2880), BF16, at=x.ptr + 2 * 2880))
+    x, residual = dev((4, 2880), BF16), dev((4, 2880), BF16)
+    weight = dev((2880,), BF16)  # allocated last: an out starting 16 bytes before it
+    with pytest.raises(ValueError, match="out overlaps weight"):  # overlaps only weight
+        _call(dev, x=x, residual=residual, weight=weight,
+              out=dev((4, 2880), BF16, at=weight.ptr - 16))
+    residual = dev((4, 2880), BF16)
+    with pytest.raises(ValueError, match="out overlaps residual"):
+        _call(dev, residual=residual, out=residual)
+
+
+def test_outputs_over_each_other_are_refused(dev):
+    out = dev((4, 2880), BF16)
+    with pytest.raises(ValueError, match="out overlaps residual_out"):
+        _call(dev, out=out, residual_out=out)
+    q = dev((4, 2880), E4M3FN)
+    with pytest.raises(ValueError, match="scales overlaps quantized"):
+        _call(dev, quant="fp8_per_token", quantized=q,
+              scales=dev((4, 1), F32, at=q.ptr + 64))
+
+
+def test_in_place_residual_over_x_is_refused(dev):
+    x = dev((4, 2880), BF16)
+    with pytest.raises(ValueError, match="residual overlaps x"):
+        _call(dev, x=x, residual=x)
+
+
+def test_in_place_residual_over_weight_is_refused(dev):
+    # In place, residual is written while every row reads weight: it is an
+    # output like a separate residual_out, which may not overlap weight.
+    residual = dev((4, 2880), BF16)
+    weight = dev((2880,), BF16, at=residual.ptr + 2880 * 2)  # residual's second row
+    with pytest.raises(ValueError, match="residual_out overlaps weight"):
+        _call(dev, weight=weight, residual_out=residual)  # (residual: a fresh array)
+    with pytest.raises(ValueError, match="overlaps"):
+        _call(dev, residual=residual, weight=weight)  # in place
+
+
+def test_read_only_residual_is_not_written_in_place(dev):
+    # residual_out=None writes residual: a read-only residual is refused like
+    # a read-only out or residual_out ...
+    residual = dev((4, 2880), BF16, readonly=True)
+    with pytest.raises(ValueError, match="read-only"):
+        _call(dev, residual=residual)
+    # ... and is fine as a pure input.
+    separate = dev((4, 2880), BF16)
+    assert _call(dev, residual=residual, residual_out=separate).residual_out is separate
+
+
+@pytest.mark.parametrize("given", ["quantized", "scales"])
+def test_quantized_outputs_need_quant(dev, given):
+    q, s = _quant_outputs(dev, "fp8_per_token", 4, 2880)
+    with pytest.raises(ValueError, match="quantized= and scales= need quant="):
+        _call(dev, **{given: q if given == "quantized" else s})
+
+
+def test_residual_out_none_or_residual_means_in_place(dev):
+    residual = dev((4, 2880), BF16)
+    assert _call(dev, residual=residual).residual_out is residual
+    assert _call(dev, residual=residual, residual_out=residual).residual_out is residual
+    # Another view of exactly the same memory is the same array.
+    alias = dev((4, 2880), BF16, at=residual.ptr)
+    assert _call(dev, residual=residual, residual_out=alias).residual_out is residual
+    separate = dev((4, 2880), BF16)
+    call = _call(dev, residual=residual, residual_out=separate)
+    assert call.residual_out is separate
+    assert call.outputs().residual_out is separate
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("quant, fp8_dtype, q_last, q_dtype, s_cols, s_dtype, group, code", [
+    ("fp8_per_token", E4M3FN, 1024, E4M3FN, 1, F32, 1024, 1),
+    ("fp8_per_token", E4M3FNUZ, 1024, E4M3FNUZ, 1, F32, 1024, 0x11),
+    ("fp8_per_group", E4M3FN, 1024, E4M3FN, 8, F32, 128, 1),
+    ("fp8_per_group", E4M3FNUZ, 1024, E4M3FNUZ, 8, F32, 128, 0x11),
+    ("mxfp4", None, 512, U8, 32, U8, 32, 2),
+])
+def test_quantized_outputs_per_kind(dev, dtype, quant, fp8_dtype, q_last, q_dtype, s_cols,
+                                    s_dtype, group, code):
+    tokens, hidden = 5, 1024
+    q, s = dev((tokens, q_last), q_dtype), dev((tokens, s_cols), s_dtype)
+    call = _call(dev, tokens=tokens, hidden=hidden, dtype=dtype, quant=quant,
+                 fp8_dtype=fp8_dtype, quantized=q, scales=s, out=None)
+    assert call.quantized is q and call.scales is s
+    assert call.out is None  # no normed output unless asked for
+    assert (call.quant.kind, call.group, call.quant_code) == (quant, group, code)
+    assert call.quant.q_dtype == q_dtype and call.quant.scale_dtype == s_dtype
+    assert call.agreement_key() == (tokens, hidden, str(dtype), code, group)
+    assert call.outputs() == (None, call.residual, q, s)
+    out = dev((tokens, hidden), dtype)
+    assert _call(dev, tokens=tokens, hidden=hidden, dtype=dtype, quant=quant,
+                 fp8_dtype=fp8_dtype, quantized=q, scales=s, out=out).out is out
+    # Each quantized output with a wrong shape or dtype is refused.
+    for name, good in (("quantized", q), ("scales", s)):
+        wrong_shape = dev((tokens, good.shape[1] * 2), good.dtype)
+        other = F16 if good.dtype != F16 else F32
+        for wrong in (wrong_shape, dev(good.shape, other)):
+            given = {"quantized": q, "scales": s, name: wrong}
+            with pytest.raises(ValueError, match=f"{name} has shape .* expected"):
+                _call(dev, tokens=tokens, hidden=hidden, dtype=dtype, quant=quant,
+                      fp8_dtype=fp8_dtype, out=None, **given)
+
+
+def test_fp8_codes_must_have_the_chosen_fp8_dtype(dev):
+    q, s = _quant_outputs(dev, "fp8_per_token", 4, 2880, fp8_dtype=E4M3FNUZ)
+    with pytest.raises(ValueError, match="quantized has shape .* float8_e4m3fn$"):
+        _call(dev, quant="fp8_per_token", fp8_dtype=E4M3FN, quantized=q, scales=s)
+
+
+@pytest.mark.parametrize("default", [E4M3FN, E4M3FNUZ])
+def test_fp8_dtype_defaults_to_the_devices(dev, monkeypatch, default):
+    asked = []
+    monkeypatch.setattr(rmsnorm, "default_fp8_dtype", lambda device: asked.append(device)
+                        or default)
+    q, s = _quant_outputs(dev, "fp8_per_group", 4, 1024, fp8_dtype=default)
+    call = _call(dev, hidden=1024, quant="fp8_per_group", fp8_dtype=None, quantized=q,
+                 scales=s)
+    assert asked == [0]
+    assert call.quant.q_dtype == default
+    assert call.quant_code == (0x11 if default == E4M3FNUZ else 1)
+    # An explicit fp8_dtype does not ask the device.
+    asked.clear()
+    _call(dev, hidden=1024, quant="fp8_per_token", fp8_dtype=E4M3FN,
+          quantized=dev((4, 1024), E4M3FN), scales=dev((4, 1), F32))
+    mx = _quant_outputs(dev, "mxfp4", 4, 1024)
+    _call(dev, hidden=1024, quant="mxfp4", fp8_dtype=None, quantized=mx[0], scales=mx[1])
+    assert asked == []
+
+
+@pytest.mark.parametrize("arch, want", [("gfx942", E4M3FNUZ), ("gfx940", E4M3FNUZ),
+                                        ("gfx950", E4M3FN), ("gfx90a", E4M3FN),
+                                        ("sm_90", E4M3FN)])
+def test_default_fp8_dtype_by_arch(monkeypatch, arch, want):
+    monkeypatch.setattr(rmsnorm._hip, "Device",
+                        lambda ordinal: types.SimpleNamespace(arch=arch, ordinal=ordinal))
+    assert rmsnorm.default_fp8_dtype(0) == want
+
+
+def test_zero_tokens_is_accepted(dev):
+    q, s = _quant_outputs(dev, "mxfp4", 0, 2880)
+    call = _call(dev, tokens=0, hidden=2880, quant="mxfp4", quantized=q, scales=s)
+    assert call.tokens == 0 and call.quantized.shape == (0, 1440)
