@@ -50,31 +50,39 @@ def _unavailable(reason):
 
 @pytest.fixture(scope="session")
 def kernels_without_exit_barrier(tmp_path_factory):
-    """src/kernels/allreduce.cu built with PYAR_TEST_SKIP_EXIT_BARRIER for
-    this GPU, once per test session."""
+    """A directory of src/kernels/allreduce.cu and allreduce_rmsnorm.cu built
+    for this GPU without the barrier after which peers stop reading a rank's
+    input (PYAR_TEST_SKIP_EXIT_BARRIER: one-shot and one-stage;
+    PYAR_TEST_SKIP_MID_BARRIER: two-stage), once per test session; pass it
+    as Communicator(kernels=...)."""
     sys.path.insert(0, ROOT)
     import setup_kernels
 
     platform, arch = _device_platform_and_arch()
-    source = os.path.join(ROOT, "src", "kernels", "allreduce.cu")
     out_dir = tmp_path_factory.mktemp("control_kernels")
-    defines = ("PYAR_TEST_SKIP_EXIT_BARRIER",)
+    defines = ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER")
     env = None
     if platform == "cuda":
         compiler = setup_kernels.find_nvcc()
         if compiler is None:
             _unavailable("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda): cannot build the "
                          "positive control's kernels")
-        output = str(out_dir / "allreduce_no_exit_barrier.fatbin")
-        command = setup_kernels.nvcc_command(compiler, source, output, (arch,), defines)
+        command, suffix = setup_kernels.nvcc_command, ".fatbin"
     else:
         compiler = setup_kernels.find_hipcc()
         if compiler is None:
             _unavailable("hipcc not found: cannot build the positive control's kernels")
-        output = str(out_dir / "allreduce_no_exit_barrier.hsaco")
-        command = setup_kernels.hipcc_command(compiler, source, output, (arch,), defines)
+        command, suffix = setup_kernels.hipcc_command, ".hsaco"
         env = setup_kernels.hip_environment()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout}\n{done.stderr}"
-    assert os.path.getsize(output) > 0
-    return output
+    builds = []
+    for name in ("allreduce", "allreduce_rmsnorm"):
+        source = os.path.join(ROOT, "src", "kernels", name + ".cu")
+        output = str(out_dir / (name + suffix))
+        line = command(compiler, source, output, (arch,), defines)
+        builds.append((line, output, subprocess.Popen(
+            line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)))
+    for line, output, process in builds:
+        log, _ = process.communicate(timeout=600)
+        assert process.returncode == 0, f"{' '.join(line)}\n{log}"
+        assert os.path.getsize(output) > 0
+    return str(out_dir)
