@@ -7,7 +7,7 @@
 #   PYAR_SUITE_TESTS="tests/gpu/test_runtime_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
 #
 # PYAR_SUITE_K selects tests (pytest -k), PYAR_SUITE_BENCH_ARGS adds pyar.bench
-# arguments (e.g. "--iters 20"); PYAR_SUITE_TEST_SECONDS
+# arguments (e.g. "--iters 20"), PYAR_SUITE_FUSED_ARGS those of pyar.bench --fused; PYAR_SUITE_TEST_SECONDS
 # and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
 # leased machine's time limit still leaves room for the summary.
 #
@@ -61,6 +61,13 @@ if [ "$BENCH" = 1 ]; then
       --json "$work/bench_w$w.json" --plot "$work/bench_w$w.png" 2>&1 | tee "$work/bench_w$w.txt"
   done
   cp "$work"/bench_w8.png "$OUT/" 2>/dev/null
+  for w in $BENCH_WORLDS; do
+    echo "== pyar.bench --fused, $w ranks on one GPU"
+    timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
+      $PYTHON -m pyar.bench --fused --no-progress ${PYAR_SUITE_FUSED_ARGS:-} \
+      --json "$work/fused_w$w.json" 2>&1 | tee "$work/fused_w$w.txt"
+  done
+  cp "$work"/bench_w*.json "$work"/fused_w*.json "$OUT/" 2>/dev/null
 fi
 
 stop_mps

@@ -76,12 +76,17 @@ def main():
 
     results = results_table(os.path.join(args.out, "results.jsonl"))
     if results:
-        columns = []
-        for row in results:
-            columns += [k for k in row if k not in columns and k != "reports"]
         print("## Scenario results (calls and mismatches per configuration)\n")
-        print(markdown(results, columns))
-        print()
+        by_test = collections.OrderedDict()
+        for row in results:
+            by_test.setdefault(row.get("test", "?"), []).append(row)
+        for test, rows in by_test.items():
+            columns = []
+            for row in rows:
+                columns += [k for k in row if k not in columns and k not in ("reports", "test")]
+            print(f"### {test}\n")
+            print(markdown(rows, columns))
+            print()
 
     launch = os.path.join(args.out, "launch.json")
     if os.path.exists(launch):
@@ -94,18 +99,28 @@ def main():
             print()
 
     merged = {}
-    for path in sorted(glob.glob(os.path.join(args.bench_dir or args.out, "bench_w*.json"))):
-        with open(path) as f:
-            data = json.load(f)
-        merged[f"w{data['meta']['world']}"] = data
-        meta = data["meta"]
-        print(f"## pyar.bench, {meta['world']} ranks, {meta['device']}, {meta['dtype']}\n")
-        print(markdown([{k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()}
-                        for r in data["rows"]], list(data["rows"][0])))
-        print()
+    bench_dir = args.bench_dir or args.out
+    for kind in ("bench", "fused"):
+        for path in sorted(glob.glob(os.path.join(bench_dir, f"{kind}_w*.json"))):
+            print_bench(path, kind, merged)
     if merged:
         with open(os.path.join(args.out, "bench.json"), "w") as f:
             json.dump(merged, f, indent=1)
+
+
+def print_bench(path, kind, merged):
+    with open(path) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    merged[f"{kind}_w{meta['world']}"] = data
+    what = "pyar.bench --fused" if kind == "fused" else "pyar.bench"
+    print(f"## {what}, {meta['world']} ranks, {meta['device']}, {meta['dtype']}\n")
+    columns = []
+    for row in data["rows"]:
+        columns += [k for k in row if k not in columns]
+    print(markdown([{k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()}
+                    for r in data["rows"]], columns))
+    print()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """python -m pyar.bench: sweep message sizes and algorithms, print tables.
 
-Run under mpirun: ``mpirun -n 4 python -m pyar.bench --max 256M``.
+Run under mpirun: ``mpirun -n 4 python -m pyar.bench --max 256M``; with
+``--fused``, the fused all-reduce + RMSNorm against the unfused steps per
+token count instead (``--hidden``, ``--tokens``, ``--quant``).
 """
 import argparse
 import socket
@@ -12,7 +14,7 @@ from mpi4py import MPI
 
 import pyar
 from pyar import _hip
-from pyar.bench import measure, report, traffic
+from pyar.bench import fused, measure, report, traffic
 from pyar.comm import algorithms
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -44,7 +46,21 @@ def parse_args(argv):
     parser.add_argument("--json", help="write results here")
     parser.add_argument("--plot", help="write a PNG plot here")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--fused", action="store_true",
+                        help="time allreduce_rmsnorm against the unfused steps instead")
+    parser.add_argument("--hidden", type=int, default=4096, help="--fused: hidden size")
+    parser.add_argument("--tokens", type=fused.parse_tokens, default=fused.DEFAULT_TOKENS,
+                        help="--fused: comma-separated token counts")
+    parser.add_argument("--quant", default="none,fp8_per_token",
+                        help=f"--fused: comma-separated, of {', '.join(fused.QUANT_CHOICES)}")
     args = parser.parse_args(argv)
+    args.dtype_value = DTYPES[args.dtype]
+    try:
+        args.quants = fused.parse_quants(args.quant)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not args.tokens or min(args.tokens) < 1:
+        parser.error("--tokens needs positive token counts")
     args.algos = [algorithms.validate(a.strip()) for a in args.algos.split(",") if a.strip()]
     if args.min <= 0 or args.max < args.min:
         parser.error("need 0 < --min <= --max")
@@ -64,13 +80,20 @@ def shared_gpu(world_comm, device):
     return len(set(bus_ids)) == 1 and len(bus_ids) > 1
 
 
+def _environment(comm, mpi):
+    """Whether the ranks share one GPU, and then its copy bandwidth."""
+    one_gpu = shared_gpu(mpi, comm.device)
+    copy_bw = measure.copy_bandwidth() if one_gpu and mpi.Get_rank() == 0 else None
+    copy_bw = mpi.bcast(copy_bw)
+    return {"copy_bandwidth_GBps": copy_bw / 1e9 if copy_bw else None, "one_gpu": one_gpu}
+
+
 def sweep(args, comm, mpi):
     dtype = np.dtype(DTYPES[args.dtype])
     world = comm.world
     stream = _hip.Stream()
-    one_gpu = shared_gpu(mpi, comm.device)
-    copy_bw = measure.copy_bandwidth() if one_gpu and mpi.Get_rank() == 0 else None
-    copy_bw = mpi.bcast(copy_bw)
+    extra = _environment(comm, mpi)
+    copy_bw = extra["copy_bandwidth_GBps"] and extra["copy_bandwidth_GBps"] * 1e9
     largest = args.max - args.max % (dtype.itemsize * 16) or dtype.itemsize * 16
     x = pyar.empty((largest // dtype.itemsize,), dtype, stream=stream)
     y = pyar.empty_like(x)
@@ -126,7 +149,7 @@ def sweep(args, comm, mpi):
     if mpi.Get_rank() == 0 and not args.no_progress:
         print(file=sys.stderr)
     stream.close()
-    return rows, {"copy_bandwidth_GBps": copy_bw / 1e9 if copy_bw else None, "one_gpu": one_gpu}
+    return rows, extra
 
 
 def _prefix(array, count):
@@ -141,23 +164,30 @@ def main(argv=None):
     with pyar.Communicator(mpi, max_size=args.max_size) as comm:
         if comm.world < 2:
             raise SystemExit("run under mpirun with at least 2 ranks")
-        rows, extra = sweep(args, comm, mpi)
+        if args.fused:
+            extra = _environment(comm, mpi)
+            rows = fused.sweep(args, comm, mpi, extra["copy_bandwidth_GBps"] and
+                               extra["copy_bandwidth_GBps"] * 1e9)
+        else:
+            rows, extra = sweep(args, comm, mpi)
         device = _hip.Device(comm.device)
         meta = {"world": comm.world, "platform": _hip.platform(), "device": device.name,
                 "arch": device.arch, "host": socket.gethostname(), "dtype": args.dtype,
                 "max_size": comm.max_size, **extra}
     if mpi.Get_rank() == 0:
-        title = (f"pyar all-reduce, {meta['world']} ranks on "
+        what = (f"pyar allreduce_rmsnorm (fused) vs all-reduce + add_rmsnorm + quantize "
+                f"(unfused), hidden {args.hidden}" if args.fused else "pyar all-reduce")
+        title = (f"{what}, {meta['world']} ranks on "
                  f"{'one shared ' if extra['one_gpu'] else ''}{meta['device']} ({meta['arch']}), "
                  f"{args.dtype}")
-        print(report.table(rows, title))
+        print(fused.table(rows, title) if args.fused else report.table(rows, title))
         if extra["copy_bandwidth_GBps"]:
             print(f"\ndevice-to-device copy bandwidth (read + write): "
                   f"{extra['copy_bandwidth_GBps']:.0f} GB/s; hbm_eff = bytes all ranks' kernels "
                   f"must move / time / copy bandwidth")
         if args.json:
             report.save_json(args.json, meta, rows)
-        if args.plot and report.save_plot(args.plot, rows, title):
+        if args.plot and not args.fused and report.save_plot(args.plot, rows, title):
             print(f"plot: {args.plot}")
 
 

@@ -18,3 +18,14 @@ def shared_gpu_bytes(algo, nbytes, world, staged):
     if staged:
         moved += 2 * world * nbytes             # each input copied into scratch first
     return moved
+
+
+def fused_shared_gpu_bytes(variant, nbytes, out_bytes, world):
+    """Bytes all ranks' fused all-reduce + RMSNorm kernels must move for one
+    call: every input read, each rank's residual read and residual_out
+    written, its ``out_bytes`` of outputs (y, quantized codes, scales)
+    written, and for two-stage the reduced rows written and read back."""
+    moved = world * nbytes + world * (2 * nbytes + out_bytes)
+    if variant == "twostage":
+        moved += 2 * nbytes
+    return moved

@@ -1,0 +1,168 @@
+"""``python -m pyar.bench --fused``: the fused all-reduce + residual add +
+RMSNorm (+ quantization) against the same steps unfused -- pyar's all-reduce,
+then a separate add + RMSNorm kernel, then a separate quantization kernel --
+per token count, eager and replayed from graphs, measured in the same run.
+
+Eager rows also time each fused variant forced (one-stage, two-stage): the
+crossover that ``algorithms.FUSED_ONESTAGE_MAX_BYTES`` encodes comes from
+them.  On one shared GPU the fused kernel's HBM efficiency is reported: the
+bytes it must move (traffic.fused_shared_gpu_bytes) over its time, against
+the device-to-device copy bandwidth.
+"""
+import sys
+
+import numpy as np
+
+import pyar
+from pyar import _hip
+from pyar.bench import measure, traffic
+from pyar.comm import algorithms, rmsnorm
+
+GRAPH_CALLS = 20
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+QUANT_CHOICES = ("none", *rmsnorm.QUANT_KINDS)
+
+
+def parse_tokens(text):
+    return tuple(int(t) for t in text.split(",") if t.strip())
+
+
+def parse_quants(text):
+    kinds = [q.strip() for q in text.split(",") if q.strip()]
+    for kind in kinds:
+        if kind not in QUANT_CHOICES:
+            raise ValueError(f"--quant: {kind!r} is not one of {', '.join(QUANT_CHOICES)}")
+    return kinds
+
+
+class Buffers:
+    """One rank's arrays for the largest token count; calls use leading rows."""
+
+    def __init__(self, tokens, hidden, dtype, kind, stream, seed):
+        rng = np.random.default_rng(seed)
+        shape = (tokens, hidden)
+        self.x = pyar.asarray(rng.standard_normal(shape, np.float32).astype(dtype), stream=stream)
+        self.residual = pyar.asarray(rng.standard_normal(shape, np.float32).astype(dtype),
+                                     stream=stream)
+        self.weight = pyar.asarray(np.ones(hidden, dtype), stream=stream)
+        self.s = pyar.empty(shape, dtype, stream=stream)
+        self.y = pyar.empty(shape, dtype, stream=stream)
+        self.r = pyar.empty(shape, dtype, stream=stream)
+        self.kind = kind
+        self.q_width, self.q_dtype, self.scale_width, self.scale_dtype = _quant_shapes(
+            kind, hidden)
+        self.q = pyar.empty((tokens, self.q_width), self.q_dtype, stream=stream)
+        self.scales = pyar.empty((tokens, self.scale_width), self.scale_dtype, stream=stream)
+
+    def rows(self, name, tokens):
+        a = getattr(self, name)
+        return pyar.DeviceArray.from_pointer(a.ptr, (tokens,) + a.shape[1:], a.dtype, owner=a,
+                                             device=a.device)
+
+
+def _quant_shapes(kind, hidden):
+    if kind == "mxfp4":
+        return hidden // 2, np.dtype(np.uint8), hidden // 32, np.dtype(np.uint8)
+    groups = hidden // 128 if kind == "fp8_per_group" else 1
+    return hidden, rmsnorm.FP8_DTYPES[0], groups, np.dtype(np.float32)
+
+
+def sweep(args, comm, mpi, copy_bw):
+    """Rows of per-token-count timings for every --quant kind."""
+    dtype = np.dtype(args.dtype_value)
+    stream = _hip.Stream()
+    rows = []
+    total = len(args.quants) * len(args.tokens)
+    for kind_name in args.quants:
+        kind = None if kind_name == "none" else kind_name
+        buffers = Buffers(max(args.tokens), args.hidden, dtype, kind, stream, mpi.Get_rank())
+        for tokens in args.tokens:
+            rows += _point(args, comm, mpi, stream, buffers, kind, tokens, dtype, copy_bw)
+            if mpi.Get_rank() == 0 and not args.no_progress:
+                done = len(rows) // 2
+                print(f"\r[{'#' * (30 * done // total):<30}] {done}/{total}", end="",
+                      file=sys.stderr, flush=True)
+    if mpi.Get_rank() == 0 and not args.no_progress:
+        print(file=sys.stderr)
+    stream.close()
+    return rows
+
+
+def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
+    x, res, w = b.rows("x", tokens), b.rows("residual", tokens), b.weight
+    s, y, r = b.rows("s", tokens), b.rows("y", tokens), b.rows("r", tokens)
+    q, scales = (b.rows("q", tokens), b.rows("scales", tokens)) if kind else (None, None)
+    comm.register(x)
+    quantization = dict(quant=kind, fp8_dtype=rmsnorm.FP8_DTYPES[0] if kind and
+                        kind != "mxfp4" else None, quantized=q, scales=scales)
+    nbytes = x.nbytes
+    iterations = args.iters or measure.iterations_for(nbytes * comm.world)
+    chosen = algorithms.choose_fused(nbytes, comm.world)
+
+    def fused(algo="auto"):
+        comm.allreduce_rmsnorm(x, res, w, out=y, residual_out=r, stream=stream, algo=algo,
+                               **quantization)
+
+    def unfused():
+        comm.allreduce(x, out=s, stream=stream)
+        rmsnorm.add_rmsnorm(s, res, w, out=y, residual_out=r, stream=stream)
+        if kind:
+            rmsnorm.quantize(y, kind, fp8_dtype=quantization["fp8_dtype"], quantized=q,
+                             scales=scales, stream=stream)
+
+    def eager(run):
+        return measure.time_per_call(mpi, run, iterations, args.warmup, stream)
+
+    def graphed(run):
+        with comm.capture(stream) as graph:
+            for _ in range(GRAPH_CALLS):
+                run()
+        seconds = measure.time_per_call(mpi, lambda: graph.replay(stream),
+                                        max(1, iterations // GRAPH_CALLS), 1, stream)
+        graph.close()
+        return seconds / GRAPH_CALLS
+
+    out_bytes = y.nbytes + (q.nbytes + scales.nbytes if kind else 0)
+    results = []
+    for mode, timer in (("eager", eager), ("graph", graphed)):
+        row = {"tokens": tokens, "hidden": args.hidden, "dtype": str(dtype),
+               "quant": kind or "none", "mode": mode, "variant": chosen,
+               "fused_us": timer(fused) * 1e6, "unfused_us": timer(unfused) * 1e6}
+        if mode == "eager":
+            for variant in algorithms.FUSED_VARIANTS:
+                row[f"{variant}_us"] = timer(lambda: fused(variant)) * 1e6
+        row["speedup"] = row["unfused_us"] / row["fused_us"]
+        row["hbm_eff"] = None
+        if copy_bw:
+            moved = traffic.fused_shared_gpu_bytes(chosen, nbytes, out_bytes, comm.world)
+            row["hbm_eff"] = moved / (row["fused_us"] / 1e6) / copy_bw
+        results.append(row)
+    comm.synchronize(stream)
+    return results
+
+
+COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant", 8),
+           ("fused_us", 9), ("unfused_us", 10), ("speedup", 7), ("onestage_us", 11),
+           ("twostage_us", 11), ("hbm_eff", 7)]
+
+
+def table(rows, title):
+    lines = [f"## {title}", "",
+             "| " + " | ".join(name for name, _ in COLUMNS) + " |",
+             "|" + "|".join("-" * (width + 2) for _, width in COLUMNS) + "|"]
+    for row in rows:
+        cells = []
+        for name, _ in COLUMNS:
+            value = row.get(name)
+            if value is None:
+                cells.append("-")
+            elif name == "hbm_eff":
+                cells.append(f"{value:.0%}")
+            elif name == "speedup":
+                cells.append(f"{value:.2f}x")
+            elif isinstance(value, float):
+                cells.append(f"{value:.2f}")
+            else:
+                cells.append(str(value))
+        lines.append("| " + " | ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS)) + " |")
+    return "\n".join(lines)
