@@ -62,7 +62,8 @@ ROW_FIELDS = ("residual", "weight", "residual_out", "y", "q", "scales", "hidden"
               "quant", "group")
 
 # What RowLayout would read from a loaded module (checked against the source below).
-LAYOUT = types.SimpleNamespace(max_hidden=16384, threads=512, mx_block=32, fnuz_flag=0x10)
+LAYOUT = rmsnorm.RowLayout.__new__(rmsnorm.RowLayout)
+LAYOUT.__dict__.update(max_hidden=16384, threads=512, mx_block=32, fnuz_flag=0x10)
 
 
 # --- parsing the kernel source ---------------------------------------------------
@@ -303,7 +304,6 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
             for dtype in communicator._KERNEL_TYPES:
                 first = comm._fused_function(variant, dtype)
                 assert comm._fused_function(variant, dtype) is first  # cached
-        assert len(comm._fused_functions()) == 6
         requests = comm._row_kernels.module.requests
         assert len(requests) == 6, requests  # each asked for once
         for name, argtypes in requests:
@@ -312,6 +312,20 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
             assert argtypes == kinds, (name, argtypes)
             asked.add(name)
     assert asked == names
+
+
+@pytest.mark.parametrize("hidden, dtype, rows", [
+    (512, BF16, 4), (2880, BF16, 4), (4096, BF16, 4), (4104, BF16, 2), (7168, F16, 2),
+    (10240, BF16, 1), (16384, BF16, 1), (2048, F32, 8), (2880, F32, 4), (4096, F32, 4),
+    (7168, F32, 2), (16384, F32, 1)])
+def test_rows_per_pass_is_the_kernels(source, hidden, dtype, rows):
+    """RowPass: slots = max_hidden / lanes / threads, a row takes
+    ceil(packs / threads) of them, a pass holds as many rows as fit."""
+    constants = _constants(source)
+    assert "rows(Row<T>::kPacks / per_row)" in source
+    assert "per_row((packs + kThreads - 1) / kThreads)" in source
+    assert LAYOUT.max_hidden == constants["kMaxHidden"]
+    assert LAYOUT.rows_per_pass(hidden, dtype.itemsize) == rows
 
 
 def test_local_kernels_take_what_row_kernels_pass(source, dev):
@@ -332,14 +346,16 @@ def test_local_kernels_take_what_row_kernels_pass(source, dev):
             assert name.endswith("_" + rmsnorm.DTYPES[dtype]), name
             assert argtypes == tuple(_kind(c) for c, _ in entries[name]), name
         add = kernels.module.functions[f"pyar_add_rmsnorm_{rmsnorm.DTYPES[dtype]}"]
+        # 256-wide rows fill one slot of a thread: a pass holds 8 (float32) or 4 rows.
+        passes = 1 if dtype == F32 else 2
         (grid, block, args, _), = add.launches
-        assert (grid, block) == (3, LAYOUT.threads)
+        assert (grid, block) == (min(3, passes), LAYOUT.threads)
         by_name = dict(zip((n for _, n in entries[add.name]), args))
         assert by_name["x"] == call.x.ptr and by_name["tokens"] == tokens
         assert tuple(by_name[f] for f in ROW_FIELDS) == call.row_args(0, tokens)
         quantize = kernels.module.functions[f"pyar_quantize_{rmsnorm.DTYPES[dtype]}"]
         (grid, block, args, _), = quantize.launches
-        assert (grid, block) == (tokens, LAYOUT.threads)  # min(max_blocks, tokens)
+        assert (grid, block) == (passes, LAYOUT.threads)
         assert dict(zip((n for _, n in entries[quantize.name]), args)) == {
             "y": call.out.ptr, "tokens": tokens, "hidden": hidden, "q": q.ptr,
             "scales": s.ptr, "quant": call.quant_code, "group": 64}
@@ -450,7 +466,8 @@ def _comm(world, max_size=1 << 20):
     comm._functions, comm._calls, comm._call_log = {}, 0, {}
     comm._row_kernels = _row_kernels()
     comm._layout = types.SimpleNamespace(threads=LAYOUT.threads)
-    comm._max_fused_blocks = 40
+    comm._max_fused_blocks = {(variant, dtype): 40 for variant in algorithms.FUSED_VARIANTS
+                              for dtype in communicator._KERNEL_TYPES}
     comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
     comm._scratch_offset = 0x1000
     comm._staged_table = types.SimpleNamespace(ptr=0x5100_0000_0000)
@@ -481,7 +498,7 @@ def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeyp
     for number, (first, (grid, block, args, _)) in enumerate(zip(firsts, function.launches)):
         count = min(4, tokens - first)
         got = dict(zip(names, args))
-        assert (grid, block) == (count, LAYOUT.threads)  # min(max blocks 40, rows)
+        assert (grid, block) == (1, LAYOUT.threads)  # 4 rows of 1024 fill one pass
         assert got["tokens"] == count
         assert tuple(got[f] for f in ROW_FIELDS) == call.row_args(first, count)
         assert got["y"] == 0  # quantized output only: no out

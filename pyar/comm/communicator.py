@@ -115,8 +115,10 @@ class Communicator:
         sharing = bus_ids.count(bus_ids[self.rank])
         self._max_blocks = exchange.agree_min(node, exchange.run_everywhere(
             node, self._block_cap, sharing, self._allreduce_functions()))
-        self._max_fused_blocks = exchange.agree_min(node, exchange.run_everywhere(
-            node, self._block_cap, sharing, self._fused_functions()))
+        # Per fused kernel: their register use, and so their occupancy,
+        # differs by variant and dtype by up to 2x.
+        caps = node.allgather(exchange.run_everywhere(node, self._fused_block_caps, sharing))
+        self._max_fused_blocks = {key: min(cap[key] for cap in caps) for key in caps[0]}
         node.Barrier()  # every rank's signals are zeroed before anyone's first call
 
     def _load_module(self, name):
@@ -182,9 +184,9 @@ class Communicator:
         return [self._function(algo, dtype)
                 for algo in algorithms.ALGORITHMS for dtype in _KERNEL_TYPES]
 
-    def _fused_functions(self):
-        return [self._fused_function(variant, dtype)
-                for variant in algorithms.FUSED_VARIANTS for dtype in _KERNEL_TYPES]
+    def _fused_block_caps(self, sharing):
+        return {(variant, dtype): self._block_cap(sharing, [self._fused_function(variant, dtype)])
+                for variant in algorithms.FUSED_VARIANTS for dtype in _KERNEL_TYPES}
 
     def _fused_function(self, variant, dtype):
         key = ("rmsnorm", variant, dtype)
@@ -491,7 +493,8 @@ class Communicator:
                 table, in_offset = self._staged_table.ptr, 0
             else:
                 table, in_offset = registered, offset // layout.PACK_BYTES
-            blocks = min(self._max_fused_blocks, count)
+            blocks = min(self._max_fused_blocks[(algo, call.x.dtype)],
+                         self._row_kernels.passes(count, call.hidden, call.x.dtype))
             number = self._next_call("allreduce_rmsnorm",
                                      f"({algo}, {count} x {call.hidden} {call.x.dtype})")
             function.launch(blocks, self._layout.threads,

@@ -53,6 +53,14 @@ class RowLayout:
         for i, name in enumerate(self._FIELDS):
             setattr(self, name, int.from_bytes(raw[8 * i:8 * i + 8], "little"))
 
+    def rows_per_pass(self, hidden, itemsize):
+        """Rows a block holds at once (RowPass in the kernels): a thread has
+        registers for its packs of a max_hidden row, and narrower rows share them."""
+        lanes = PACK_BYTES // itemsize
+        slots = self.max_hidden // lanes // self.threads
+        packs = hidden // lanes
+        return slots // -(-packs // self.threads)
+
 
 def default_fp8_dtype(device):
     """float8_e4m3fnuz on gfx94x (MI300), whose FP8 hardware uses it; float8_e4m3fn
@@ -252,15 +260,18 @@ class RowKernels:
             function = self._functions[name] = self.module.get_function(name, types)
         return function
 
-    def grid(self, tokens, max_blocks):
-        return min(max_blocks, max(1, tokens))
+    def passes(self, tokens, hidden, dtype):
+        """Blocks that give every block rows: one per pass of rows."""
+        per_pass = self.layout.rows_per_pass(hidden, np.dtype(dtype).itemsize)
+        return max(1, -(-tokens // per_pass))
 
     def add_rmsnorm(self, call, stream, max_blocks):
         if call.tokens == 0:
             return
         function = self.function(f"pyar_add_rmsnorm_{DTYPES[call.x.dtype]}",
                                  ("ptr", "uint64", *_ROW_TYPES))
-        function.launch(self.grid(call.tokens, max_blocks), self.layout.threads,
+        function.launch(min(max_blocks, self.passes(call.tokens, call.hidden, call.x.dtype)),
+                        self.layout.threads,
                         (call.x.ptr, call.tokens, *call.row_args(0, call.tokens)), stream=stream)
 
     def quantize(self, y, quant, quantized, scales, stream, max_blocks):
@@ -269,7 +280,7 @@ class RowKernels:
             return
         function = self.function(f"pyar_quantize_{DTYPES[y.dtype]}",
                                  ("ptr", "uint64", "uint32", "ptr", "ptr", "uint32", "uint32"))
-        function.launch(self.grid(tokens, max_blocks), self.layout.threads,
+        function.launch(min(max_blocks, self.passes(tokens, hidden, y.dtype)), self.layout.threads,
                         (y.ptr, tokens, hidden, quantized.ptr, scales.ptr, quant.code,
                          quant.group), stream=stream)
 

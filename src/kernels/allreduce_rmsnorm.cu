@@ -7,9 +7,11 @@
 //   y = r / sqrt(mean(r^2) + eps) * weight        (rounded to T)
 //   q, scales = quantize(y)        (FP8 per token / per group, or MXFP4)
 //
-// Rows are whole packs (hidden is a multiple of 16 bytes) and one block owns
-// a row at a time; a thread keeps its packs of the row in registers between
-// the sum, the norm and the quantization.
+// Rows are whole packs (hidden is a multiple of 16 bytes).  A thread has
+// registers for its packs of the widest row (kMaxHidden); a block fills them
+// with as many rows of its own as fit (a pass, RowPass), so that narrow rows
+// keep several rows' loads in flight and share one block reduction.  A thread
+// keeps its packs in registers between the sum, the norm and the quantization.
 //
 // one_stage   every rank reads every peer's rows and computes all of them
 //             (latency: one read of the inputs, one kernel).  Peers read this
@@ -54,32 +56,83 @@ struct RowArgs {
 
 constexpr uint32_t kFnuzFlag = 0x10;
 
+// A thread's packs of one pass: slot k holds pack RowPass::pack(k) of row
+// RowPass::row(k).
 template <typename T>
 struct Row {
   static constexpr int L = Lanes<T>::kCount;
-  static constexpr int kPacks = kMaxHidden / L / kThreads;  // a thread's packs of a row
+  static constexpr int kPacks = kMaxHidden / L / kThreads;
   float v[kPacks][L];
+};
+
+// The rows a block holds at once: a row takes `per_row` slots (its packs
+// spread over the block's threads), a pass `rows` consecutive rows.
+template <typename T>
+struct RowPass {
+  uint32_t packs;    // per row
+  uint32_t per_row;  // slots per row
+  uint32_t rows;     // rows per pass
+  uint64_t first;    // this pass's first row
+  uint64_t tokens;
+
+  PYAR_DEVICE RowPass(uint32_t hidden, uint64_t tokens_)
+      : packs(hidden / Row<T>::L),
+        per_row((packs + kThreads - 1) / kThreads),
+        rows(Row<T>::kPacks / per_row),
+        first(0),
+        tokens(tokens_) {}
+
+  PYAR_DEVICE uint64_t row(int k) const { return first + uint32_t(k) / per_row; }
+  PYAR_DEVICE uint32_t pack(int k) const { return threadIdx.x + (uint32_t(k) % per_row) * kThreads; }
+  // Whether the block uses slot k this pass: the same answer in every thread,
+  // so warp shuffles and block reductions stay uniform.
+  PYAR_DEVICE bool used(int k) const {
+    return uint32_t(k) / per_row < rows && row(k) < tokens &&
+           (uint32_t(k) % per_row) * kThreads < packs;
+  }
+  PYAR_DEVICE bool holds(int k) const { return used(k) && pack(k) < packs; }
+  // Passes of this block: rows [first, first + rows), blocks taking turns.
+  PYAR_DEVICE bool begin() { first = uint64_t(blockIdx.x) * rows; return first < tokens; }
+  PYAR_DEVICE bool next() { first += uint64_t(gridDim.x) * rows; return first < tokens; }
 };
 
 PYAR_DEVICE int lane_id() { return threadIdx.x % kWarpSize; }
 
-// The sum (or max) over the block, the same value and bits in every thread.
-template <bool kMax>
-PYAR_DEVICE float block_reduce(float v) {
-  __shared__ float per_warp[kThreads / kWarpSize];
+// Each slot's sum (or max) over the block, then over the slots of its row in
+// slot order: the same value and bits in every thread, and a row's result
+// does not depend on which other rows share its pass.
+template <bool kMax, typename T>
+PYAR_DEVICE void row_reduce(float (&v)[Row<T>::kPacks], const RowPass<T> &pass) {
+  constexpr int N = Row<T>::kPacks;
+  __shared__ float per_warp[N][kThreads / kWarpSize];
 #pragma unroll
-  for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
-    const float other = shuffle_xor(v, mask);
-    v = kMax ? fmaxf(v, other) : v + other;
+  for (int k = 0; k < N; ++k) {
+#pragma unroll
+    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
+      const float other = shuffle_xor(v[k], mask);
+      v[k] = kMax ? fmaxf(v[k], other) : v[k] + other;
+    }
+    if (lane_id() == 0) per_warp[k][threadIdx.x / kWarpSize] = v[k];
   }
-  if (lane_id() == 0) per_warp[threadIdx.x / kWarpSize] = v;
   __syncthreads();
-  float total = per_warp[0];
+  float slot[N];
 #pragma unroll
-  for (int w = 1; w < kThreads / kWarpSize; ++w)
-    total = kMax ? fmaxf(total, per_warp[w]) : total + per_warp[w];
+  for (int k = 0; k < N; ++k) {
+    slot[k] = per_warp[k][0];
+#pragma unroll
+    for (int w = 1; w < kThreads / kWarpSize; ++w)
+      slot[k] = kMax ? fmaxf(slot[k], per_warp[k][w]) : slot[k] + per_warp[k][w];
+  }
   __syncthreads();  // per_warp is reused by the next reduction
-  return total;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    float total = 0.f;  // both reduce non-negative values
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (uint32_t(j) / pass.per_row == uint32_t(k) / pass.per_row)
+        total = kMax ? fmaxf(total, slot[j]) : total + slot[j];
+    v[k] = total;
+  }
 }
 
 // The max over `lanes` adjacent lanes (a power of two up to the warp size);
@@ -94,43 +147,36 @@ template <> struct Word<2> { using type = uint16_t; };
 template <> struct Word<4> { using type = uint32_t; };
 template <> struct Word<8> { using type = uint64_t; };
 
-// The pack index of a thread's k-th pack of a row.
-PYAR_DEVICE uint32_t pack_of(int k) { return threadIdx.x + uint32_t(k) * kThreads; }
-
-// Quantizes row t (y rounded to T, held in `row`) into a.q and a.scales.
+// Quantizes the pass's rows (y rounded to T, held in `row`) into a.q and a.scales.
 template <typename T>
-PYAR_DEVICE void quantize_row(const Row<T> &row, uint64_t t, uint32_t packs, const RowArgs &a) {
+PYAR_DEVICE void quantize_rows(const Row<T> &row, const RowPass<T> &pass, const RowArgs &a) {
   constexpr int L = Row<T>::L;
+  constexpr int N = Row<T>::kPacks;
   const uint32_t kind = a.quant & 0xf;
   if (kind == kNoQuant) return;
-  float amax[Row<T>::kPacks];
+  float amax[N];
 #pragma unroll
-  for (int k = 0; k < Row<T>::kPacks; ++k) {
+  for (int k = 0; k < N; ++k) {
     amax[k] = 0.f;
-    if (pack_of(k) < packs)
+    if (pass.holds(k))
 #pragma unroll
       for (int j = 0; j < L; ++j) amax[k] = fmaxf(amax[k], fabsf(row.v[k][j]));
   }
   if (kind == kFp8) {
     const bool fnuz = a.quant & kFnuzFlag;
     const uint32_t groups = a.hidden / a.group;
-    float *scales = static_cast<float *>(a.scales) + t * groups;
     const int group_packs = a.group / L;
-    float token_amax = 0.f;
-    if (groups == 1) {
+    if (groups == 1) row_reduce<true, T>(amax, pass);  // one scale per token
 #pragma unroll
-      for (int k = 0; k < Row<T>::kPacks; ++k) token_amax = fmaxf(token_amax, amax[k]);
-      token_amax = block_reduce<true>(token_amax);
-    }
-#pragma unroll
-    for (int k = 0; k < Row<T>::kPacks; ++k) {
-      if (k * kThreads >= packs) continue;  // uniform across the block
+    for (int k = 0; k < N; ++k) {
+      if (!pass.used(k)) continue;
       // Every lane shuffles, including those past the row's end.
-      const float gmax = groups == 1 ? token_amax : group_max(amax[k], group_packs);
-      const uint32_t p = pack_of(k);
-      if (p < packs) {
+      const float gmax = groups == 1 ? amax[k] : group_max(amax[k], group_packs);
+      const uint32_t p = pass.pack(k);
+      if (p < pass.packs) {
+        const uint64_t t = pass.row(k);
         const float scale = fp8_scale(gmax, fnuz);
-        if (p % group_packs == 0) scales[p / group_packs] = scale;
+        if (p % group_packs == 0) static_cast<float *>(a.scales)[t * groups + p / group_packs] = scale;
         typename Word<L>::type word = 0;
 #pragma unroll
         for (int j = 0; j < L; ++j)
@@ -141,13 +187,14 @@ PYAR_DEVICE void quantize_row(const Row<T> &row, uint64_t t, uint32_t packs, con
     }
   } else {
     constexpr int block_packs = kMxBlock / L;
-    uint8_t *scales = static_cast<uint8_t *>(a.scales) + t * (a.hidden / kMxBlock);
 #pragma unroll
-    for (int k = 0; k < Row<T>::kPacks; ++k) {
-      if (k * kThreads >= packs) continue;
+    for (int k = 0; k < N; ++k) {
+      if (!pass.used(k)) continue;
       const int shared = mx_shared_exponent(group_max(amax[k], block_packs));
-      const uint32_t p = pack_of(k);
-      if (p < packs) {
+      const uint32_t p = pass.pack(k);
+      if (p < pass.packs) {
+        const uint64_t t = pass.row(k);
+        uint8_t *scales = static_cast<uint8_t *>(a.scales) + t * (a.hidden / kMxBlock);
         if (p % block_packs == 0) scales[p / block_packs] = uint8_t(shared + 127);
         typename Word<L / 2>::type word = 0;
 #pragma unroll
@@ -160,19 +207,19 @@ PYAR_DEVICE void quantize_row(const Row<T> &row, uint64_t t, uint32_t packs, con
   }
 }
 
-// Residual add, RMSNorm and quantization of row t, whose sum s the thread
-// holds in `row` (already rounded to T).  Leaves y (rounded to T) in `row`.
+// Residual add, RMSNorm and quantization of the pass's rows, whose sums s the
+// thread holds in `row` (already rounded to T).  Leaves y (rounded to T) in `row`.
 template <typename T>
-PYAR_DEVICE void finish_row(Row<T> &row, uint64_t t, const RowArgs &a) {
+PYAR_DEVICE void finish_rows(Row<T> &row, const RowPass<T> &pass, const RowArgs &a) {
   constexpr int L = Row<T>::L;
-  const uint32_t packs = a.hidden / L;
-  const uint64_t base = t * packs;
-  float squares = 0.f;
+  constexpr int N = Row<T>::kPacks;
+  float squares[N];
 #pragma unroll
-  for (int k = 0; k < Row<T>::kPacks; ++k) {
-    const uint32_t p = pack_of(k);
-    if (p >= packs) continue;
-    const Pack16 res = a.residual[base + p];
+  for (int k = 0; k < N; ++k) {
+    squares[k] = 0.f;
+    if (!pass.holds(k)) continue;
+    const uint64_t index = pass.row(k) * pass.packs + pass.pack(k);
+    const Pack16 res = a.residual[index];
     const T *rv = reinterpret_cast<const T *>(&res);
     Pack16 r;
     T *ro = reinterpret_cast<T *>(&r);
@@ -180,15 +227,16 @@ PYAR_DEVICE void finish_row(Row<T> &row, uint64_t t, const RowArgs &a) {
     for (int j = 0; j < L; ++j) {
       ro[j] = Element<T>::from_float(row.v[k][j] + Element<T>::to_float(rv[j]));
       row.v[k][j] = Element<T>::to_float(ro[j]);  // y is the norm of the stored residual
-      squares += row.v[k][j] * row.v[k][j];
+      squares[k] += row.v[k][j] * row.v[k][j];
     }
-    a.residual_out[base + p] = r;
+    a.residual_out[index] = r;
   }
-  const float inv_rms = 1.0f / sqrtf(block_reduce<false>(squares) / float(a.hidden) + a.eps);
+  row_reduce<false, T>(squares, pass);
 #pragma unroll
-  for (int k = 0; k < Row<T>::kPacks; ++k) {
-    const uint32_t p = pack_of(k);
-    if (p >= packs) continue;
+  for (int k = 0; k < N; ++k) {
+    if (!pass.holds(k)) continue;
+    const float inv_rms = 1.0f / sqrtf(squares[k] / float(a.hidden) + a.eps);
+    const uint32_t p = pass.pack(k);
     const Pack16 w = a.weight[p];
     const T *wv = reinterpret_cast<const T *>(&w);
     Pack16 y;
@@ -198,9 +246,9 @@ PYAR_DEVICE void finish_row(Row<T> &row, uint64_t t, const RowArgs &a) {
       yo[j] = Element<T>::from_float(row.v[k][j] * inv_rms * Element<T>::to_float(wv[j]));
       row.v[k][j] = Element<T>::to_float(yo[j]);  // quantize what the caller would see
     }
-    if (a.y) a.y[base + p] = y;
+    if (a.y) a.y[pass.row(k) * pass.packs + p] = y;
   }
-  quantize_row<T>(row, t, packs, a);
+  quantize_rows<T>(row, pass, a);
 }
 
 template <typename T>
@@ -208,6 +256,14 @@ PYAR_DEVICE void unpack(Row<T> &row, int k, const Pack16 &pack) {
   const T *e = reinterpret_cast<const T *>(&pack);
 #pragma unroll
   for (int j = 0; j < Row<T>::L; ++j) row.v[k][j] = Element<T>::to_float(e[j]);
+}
+
+// Loads the pass's rows into `row`: slot k from load(index of its pack).
+template <typename T, typename Load>
+PYAR_DEVICE void load_rows(Row<T> &row, const RowPass<T> &pass, Load load) {
+#pragma unroll
+  for (int k = 0; k < Row<T>::kPacks; ++k)
+    if (pass.holds(k)) unpack<T>(row, k, load(pass.row(k) * pass.packs + pass.pack(k)));
 }
 
 template <int W>
@@ -228,13 +284,11 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, uint64_t to
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
-    const uint32_t packs = a.hidden / Row<T>::L;
-    for (uint64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    RowPass<T> pass(a.hidden, tokens);
+    for (bool more = pass.begin(); more; more = pass.next()) {
       Row<T> row;
-#pragma unroll
-      for (int k = 0; k < Row<T>::kPacks; ++k)
-        if (pack_of(k) < packs) unpack<T>(row, k, load_and_reduce<T, W>(src, t * packs + pack_of(k)));
-      finish_row<T>(row, t, a);
+      load_rows<T>(row, pass, [&](uint64_t i) { return load_and_reduce<T, W>(src, i); });
+      finish_rows<T>(row, pass, a);
     }
     exit_barrier<W>(s, epoch, info);
   }
@@ -250,29 +304,34 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t to
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
-    const uint32_t packs = a.hidden / Row<T>::L;
+    RowPass<T> pass(a.hidden, tokens);
+    const uint32_t packs = pass.packs;
     const uint32_t slice = (packs + W - 1) / W;
     const uint32_t mine = s.rank * slice;
     const uint32_t my_packs = mine < packs ? min(slice, packs - mine) : 0;
-    const uint64_t rows = tokens > blockIdx.x ? (tokens - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    // This block's rows are those of its passes (RowPass::begin/next), in
+    // both phases: the per-block `mid` then orders the scratch writes of
+    // every rank's block b before block b's reads.
+    const uint64_t passes = (tokens + pass.rows - 1) / pass.rows;
+    const uint64_t my_passes =
+        passes > blockIdx.x ? (passes - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     Pack16 *partial = s.partial[s.rank];
-    for (uint64_t i = threadIdx.x; i < rows * slice; i += kThreads) {
-      const uint64_t t = blockIdx.x + (i / slice) * gridDim.x;
+    for (uint64_t i = threadIdx.x; i < my_passes * pass.rows * slice; i += kThreads) {
+      const uint64_t j = i / slice;  // the block's j-th row
+      const uint64_t t = (blockIdx.x + (j / pass.rows) * gridDim.x) * pass.rows + j % pass.rows;
       const uint32_t k = i % slice;
-      if (k < my_packs) {
+      if (t < tokens && k < my_packs) {
         const uint64_t index = t * packs + mine + k;
         store_pack(partial + index, load_and_reduce<T, W>(src, index));
       }
     }
     if (mid_barrier<W>(s, epoch, info)) {
-      for (uint64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+      for (bool more = pass.begin(); more; more = pass.next()) {
         Row<T> row;
-#pragma unroll
-        for (int k = 0; k < Row<T>::kPacks; ++k) {
-          const uint32_t p = pack_of(k);
-          if (p < packs) unpack<T>(row, k, load_peer(s.partial[p / slice] + t * packs + p));
-        }
-        finish_row<T>(row, t, a);
+        load_rows<T>(row, pass, [&](uint64_t i) {
+          return load_peer(s.partial[(i % packs) / slice] + i);
+        });
+        finish_rows<T>(row, pass, a);
       }
       exit_barrier<W>(s, epoch, info);
     }
@@ -282,25 +341,21 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t to
 
 template <typename T>
 PYAR_DEVICE void add_rmsnorm(const Pack16 *x, uint64_t tokens, const RowArgs &a) {
-  const uint32_t packs = a.hidden / Row<T>::L;
-  for (uint64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+  RowPass<T> pass(a.hidden, tokens);
+  for (bool more = pass.begin(); more; more = pass.next()) {
     Row<T> row;
-#pragma unroll
-    for (int k = 0; k < Row<T>::kPacks; ++k)
-      if (pack_of(k) < packs) unpack<T>(row, k, x[t * packs + pack_of(k)]);
-    finish_row<T>(row, t, a);
+    load_rows<T>(row, pass, [&](uint64_t i) { return x[i]; });
+    finish_rows<T>(row, pass, a);
   }
 }
 
 template <typename T>
 PYAR_DEVICE void quantize(const Pack16 *y, uint64_t tokens, const RowArgs &a) {
-  const uint32_t packs = a.hidden / Row<T>::L;
-  for (uint64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+  RowPass<T> pass(a.hidden, tokens);
+  for (bool more = pass.begin(); more; more = pass.next()) {
     Row<T> row;
-#pragma unroll
-    for (int k = 0; k < Row<T>::kPacks; ++k)
-      if (pack_of(k) < packs) unpack<T>(row, k, y[t * packs + pack_of(k)]);
-    quantize_row<T>(row, t, packs, a);
+    load_rows<T>(row, pass, [&](uint64_t i) { return y[i]; });
+    quantize_rows<T>(row, pass, a);
   }
 }
 
