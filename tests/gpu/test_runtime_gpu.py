@@ -317,7 +317,8 @@ def test_get_global_allreduce_layout():
     values = struct.unpack("<5Q", device_bytes(ptr, size).tobytes())
     signal_bytes, max_blocks, max_ranks, state_bytes, threads = values
     # Cross-check with the constants of the source the code object was built from.
-    source = open(os.path.join(ROOT, "src", "kernels", "allreduce.cu")).read()
+    source = "\n".join(open(os.path.join(ROOT, "src", "kernels", name)).read()
+                        for name in ("pyar_protocol.h", "allreduce.cu"))
     constants = {name: int(value) for name, value in
                  re.findall(r"constexpr int (k\w+) = (\d+);", source)}
     assert max_ranks == constants["kMaxRanks"] == 8
