@@ -6,6 +6,7 @@ source.  PYAR_GPU_ARCHS (";"- or ","-separated, e.g. "sm_90" or
 "gfx90a;gfx942") overrides the default targets; a toolchain that is missing
 is reported and skipped, so the package still builds.
 """
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -94,19 +95,22 @@ def run(command, env=None):
 
 
 def build(source_dir, output_dir):
-    """Compile every .cu in ``source_dir`` into ``output_dir``; returns the files made."""
+    """Compile every .cu in ``source_dir`` into ``output_dir``; returns the files made.
+
+    The compilations run side by side: the fused kernels alone take most of a
+    minute per arch, and each is one compiler process on one core."""
     cuda_archs, hip_archs = requested_archs()
     sources = sorted(f for f in os.listdir(source_dir) if f.endswith(".cu"))
     os.makedirs(output_dir, exist_ok=True)
-    made = []
+    jobs = []  # (command, environment, output)
     nvcc = find_nvcc() if cuda_archs else None
     if cuda_archs and not nvcc:
         log("nvcc not found: no CUDA kernels built (set CUDA_HOME or put nvcc on PATH)")
     if nvcc:
         for name in sources:
             output = os.path.join(output_dir, name[:-3] + ".fatbin")
-            run(nvcc_command(nvcc, os.path.join(source_dir, name), output, cuda_archs))
-            made.append(output)
+            jobs.append((nvcc_command(nvcc, os.path.join(source_dir, name), output, cuda_archs),
+                         None, output))
     hipcc = find_hipcc() if hip_archs else None
     if hip_archs and not hipcc:
         log("hipcc not found: no ROCm kernels built (set ROCM_PATH or put hipcc on PATH)")
@@ -116,9 +120,12 @@ def build(source_dir, output_dir):
             log(f"hipcc targets none of {list(hip_archs)}: no ROCm kernels built")
         for name in sources if archs else ():
             output = os.path.join(output_dir, name[:-3] + ".hsaco")
-            run(hipcc_command(hipcc, os.path.join(source_dir, name), output, archs),
-                env=hip_environment())
-            made.append(output)
+            jobs.append((hipcc_command(hipcc, os.path.join(source_dir, name), output, archs),
+                         hip_environment(), output))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for done in [pool.submit(run, command, env) for command, env, _ in jobs]:
+            done.result()  # the first failure, raised here
+    made = [output for _, _, output in jobs]
     if not made:
         log("no GPU toolchain: pyar is built without kernels")
     return made
