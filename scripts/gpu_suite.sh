@@ -7,7 +7,8 @@
 #   PYAR_SUITE_TESTS="tests/gpu/test_runtime_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
 #
 # PYAR_SUITE_K selects tests (pytest -k), PYAR_SUITE_BENCH_ARGS adds pyar.bench
-# arguments (e.g. "--iters 20"), PYAR_SUITE_FUSED_ARGS those of pyar.bench --fused; PYAR_SUITE_TEST_SECONDS
+# arguments (e.g. "--iters 20"), PYAR_SUITE_FUSED_ARGS those of pyar.bench --fused,
+# PYAR_SUITE_BENCH_KINDS picks among "launch allreduce fused"; PYAR_SUITE_TEST_SECONDS
 # and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
 # leased machine's time limit still leaves room for the summary.
 #
@@ -19,6 +20,7 @@ OUT=${OUT:-$PWD/gpu-out}
 TESTS=${PYAR_SUITE_TESTS:-tests}
 BENCH=${PYAR_SUITE_BENCH:-1}
 BENCH_WORLDS=${PYAR_SUITE_BENCH_WORLDS:-2 4 8}
+BENCH_KINDS=${PYAR_SUITE_BENCH_KINDS:-launch allreduce fused}
 TEST_SECONDS=${PYAR_SUITE_TEST_SECONDS:-3600}
 BENCH_SECONDS=${PYAR_SUITE_BENCH_SECONDS:-900}
 PYTHON=${PYTHON:-python3}
@@ -50,10 +52,13 @@ timeout -k 10 "$TEST_SECONDS" $PYTHON -m pytest -q -rfEs -m gpu --junitxml="$OUT
   ${PYAR_SUITE_K:+-k "$PYAR_SUITE_K"} $TESTS 2>&1 | tee "$OUT/pytest.log"
 test_status=${PIPESTATUS[0]}
 
-if [ "$BENCH" = 1 ]; then
+wants() { [[ " $BENCH_KINDS " == *" $1 "* ]]; }
+if [ "$BENCH" = 1 ] && wants launch; then
   echo "== launch overhead"
   timeout -k 5 "$BENCH_SECONDS" $PYTHON benchmarks/launch_overhead.py --json "$OUT/launch.json" \
     2>&1 | tee "$work/launch.txt"
+fi
+if [ "$BENCH" = 1 ] && wants allreduce; then
   for w in $BENCH_WORLDS; do
     echo "== pyar.bench, $w ranks on one GPU"
     timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
@@ -61,14 +66,16 @@ if [ "$BENCH" = 1 ]; then
       --json "$work/bench_w$w.json" --plot "$work/bench_w$w.png" 2>&1 | tee "$work/bench_w$w.txt"
   done
   cp "$work"/bench_w8.png "$OUT/" 2>/dev/null
+fi
+if [ "$BENCH" = 1 ] && wants fused; then
   for w in $BENCH_WORLDS; do
     echo "== pyar.bench --fused, $w ranks on one GPU"
     timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
       $PYTHON -m pyar.bench --fused --no-progress ${PYAR_SUITE_FUSED_ARGS:-} \
       --json "$work/fused_w$w.json" 2>&1 | tee "$work/fused_w$w.txt"
   done
-  cp "$work"/bench_w*.json "$work"/fused_w*.json "$OUT/" 2>/dev/null
 fi
+cp "$work"/bench_w*.json "$work"/fused_w*.json "$OUT/" 2>/dev/null
 
 stop_mps
 trap - EXIT
