@@ -33,7 +33,12 @@ def validate(algo):
 
 
 # world size -> largest input (tokens * hidden * itemsize) that the fused
-# all-reduce + RMSNorm still runs one-stage.
+# all-reduce + RMSNorm still runs one-stage.  The variants move the data of
+# one-shot and two-shot, so they start from the same crossovers.  One shared
+# GPU cannot retune them: there one-stage stays ahead up to 32 MiB at 2 and 4
+# ranks (no link to saturate, and fewer kernel phases) and falls behind from
+# 2 MiB at 8 (benchmarks/results/h200_one_gpu_fused_*); between GPUs the
+# links decide, and the several-GPU run retunes this table.
 FUSED_ONESTAGE_MAX_BYTES = dict(ONESHOT_MAX_BYTES)
 
 
