@@ -12,7 +12,7 @@ from pyar.array import DeviceArray, asarray, empty, empty_like, zeros, zeros_lik
 
 __version__ = "0.1.0"
 
-_COMM_NAMES = ("Communicator", "CollectiveTimeout", "MismatchError")
+_COMM_NAMES = ("Communicator", "CollectiveTimeout", "MismatchError", "PeerAccessError")
 
 
 def __getattr__(name):
@@ -24,7 +24,8 @@ def __getattr__(name):
 
 __all__ = [
     "CollectiveTimeout", "Communicator", "Device", "DeviceArray", "DeviceMemory", "Event",
-    "Graph", "GraphExec", "HipError", "MismatchError", "Module", "PinnedMemory",
-    "RuntimeNotFoundError", "Stream", "asarray", "capture", "empty", "empty_like", "get_device",
-    "get_device_count", "platform", "set_device", "zeros", "zeros_like",
+    "Graph", "GraphExec", "HipError", "MismatchError", "Module", "PeerAccessError",
+    "PinnedMemory", "RuntimeNotFoundError", "Stream", "asarray", "capture", "empty",
+    "empty_like", "get_device", "get_device_count", "platform", "set_device", "zeros",
+    "zeros_like",
 ]

@@ -21,8 +21,8 @@ pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
 import pyar  # noqa: E402
-from pyar.comm import algorithms, communicator, exchange, layout, registry  # noqa: E402
-from pyar.comm.errors import CollectiveTimeout, MismatchError  # noqa: E402
+from pyar.comm import algorithms, communicator, exchange, layout, registry, topology  # noqa: E402
+from pyar.comm.errors import CollectiveTimeout, MismatchError, PeerAccessError  # noqa: E402
 from tests.mpi_launch import ROOT, run_scenario  # noqa: E402
 
 KERNELS = os.path.join(ROOT, "src", "kernels")
@@ -241,9 +241,21 @@ def test_mismatch_error_pickles():
 def test_exceptions_are_exported_from_pyar():
     assert pyar.CollectiveTimeout is CollectiveTimeout
     assert pyar.MismatchError is MismatchError
+    assert pyar.PeerAccessError is PeerAccessError
     assert pyar.Communicator is communicator.Communicator
-    for name in ("CollectiveTimeout", "Communicator", "MismatchError"):
+    for name in ("CollectiveTimeout", "Communicator", "MismatchError", "PeerAccessError"):
         assert name in pyar.__all__
+
+
+def test_peer_access_error_pickles_and_names_both_gpus():
+    error = PeerAccessError(1, "0000:19:00.0", 3, "0000:9b:00.0", "mapping its memory failed")
+    assert isinstance(error, RuntimeError)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is PeerAccessError and str(copy) == str(error)
+    assert (copy.rank, copy.bus_id, copy.peer_rank, copy.peer_bus_id) == (
+        1, "0000:19:00.0", 3, "0000:9b:00.0")
+    for part in ("rank 1", "0000:19:00.0", "rank 3", "0000:9b:00.0", "mapping its memory"):
+        assert part in str(error)
 
 
 # --- argument validation before any GPU call --------------------------------------
@@ -336,6 +348,92 @@ def test_registry_refuses_a_capture_beyond_the_pool(monkeypatch):
     buffers.discard_deferred()
     assert buffers.pending == 0
     buffers.defer(types.SimpleNamespace(ptr=1 << 21, nbytes=256))  # tables were returned
+
+
+# --- peer access between the ranks' GPUs -------------------------------------------
+
+BUS = ["0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:5d:00.0"]
+
+
+class _FakeGpus:
+    """The devices a process is shown, by bus id, and which pairs reach each other."""
+
+    def __init__(self, shown, unreachable=()):
+        self.shown = shown
+        self.unreachable = {frozenset(pair) for pair in unreachable}
+        self.enabled = []
+        gpus = self
+
+        class Device:
+            def __init__(self, ordinal):
+                self.ordinal = ordinal
+                self.pci_bus_id = gpus.shown[ordinal]
+
+            def can_access_peer(self, peer):
+                return frozenset((self.pci_bus_id, gpus.shown[peer])) not in gpus.unreachable
+
+            def enable_peer_access(self, peer):
+                gpus.enabled.append((self.pci_bus_id, gpus.shown[peer]))
+
+        self.Device = Device
+
+    def get_device_count(self):
+        return len(self.shown)
+
+
+def _with_gpus(monkeypatch, gpus):
+    monkeypatch.setattr(topology, "_hip", gpus)
+    return gpus
+
+
+def test_peer_access_enabled_once_per_other_gpu(monkeypatch):
+    gpus = _with_gpus(monkeypatch, _FakeGpus(BUS))
+    # Ranks 0 and 1 share GPU 0; ranks 2, 3, 4 are on GPUs 1, 2, 3 (rank 4 shares with 3).
+    bus_ids = [BUS[0], BUS[0], BUS[1], BUS[2], BUS[2]]
+    topology.enable_peer_access(0, 1, bus_ids)
+    assert gpus.enabled == [(BUS[0], BUS[1]), (BUS[0], BUS[2])]
+    assert topology.ranks_sharing(bus_ids, 1) == 2 and topology.ranks_sharing(bus_ids, 2) == 1
+
+
+def test_one_shared_gpu_needs_no_peer_access(monkeypatch):
+    gpus = _with_gpus(monkeypatch, _FakeGpus(BUS[:1], unreachable=[(BUS[0], BUS[0])]))
+    topology.enable_peer_access(0, 2, [BUS[0]] * 4)
+    assert gpus.enabled == []
+
+
+def test_a_pair_without_peer_access_is_named(monkeypatch):
+    gpus = _with_gpus(monkeypatch, _FakeGpus(BUS, unreachable=[(BUS[1], BUS[3])]))
+    with pytest.raises(PeerAccessError) as raised:
+        topology.enable_peer_access(1, 1, BUS)  # rank 1 on GPU 1
+    error = raised.value
+    assert (error.rank, error.bus_id, error.peer_rank, error.peer_bus_id) == (
+        1, BUS[1], 3, BUS[3])
+    assert "rank 1" in str(error) and "rank 3" in str(error) and BUS[3] in str(error)
+    assert gpus.enabled == [(BUS[1], BUS[0]), (BUS[1], BUS[2])]  # those before it
+
+
+def test_gpus_this_process_is_not_shown_are_left_to_the_mapping(monkeypatch):
+    # CUDA_VISIBLE_DEVICES per rank: this process sees its own GPU only.
+    gpus = _with_gpus(monkeypatch, _FakeGpus([BUS[2]], unreachable=[(BUS[2], BUS[0])]))
+    topology.enable_peer_access(0, 2, BUS)
+    assert gpus.enabled == []
+
+
+def test_a_failed_peer_mapping_becomes_a_peer_access_error(monkeypatch):
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm.rank = 0
+
+    def refuse(handle):
+        raise pyar.HipError(217, "hipErrorPeerAccessUnsupported", "hipIpcOpenMemHandle",
+                            "peer access is not supported")
+
+    comm._resources = types.SimpleNamespace(peers=types.SimpleNamespace(open=refuse))
+    with pytest.raises(PeerAccessError, match="rank 2") as raised:
+        comm._open_peer(2, object(), [BUS[0], BUS[0], BUS[1]])
+    assert isinstance(raised.value.__cause__, pyar.HipError)
+    # A peer on this rank's own GPU is not a peer-access problem: the error stays.
+    with pytest.raises(pyar.HipError):
+        comm._open_peer(1, object(), [BUS[0], BUS[0], BUS[1]])
 
 
 # --- the exchange helpers under mpirun --------------------------------------------

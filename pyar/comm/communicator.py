@@ -8,8 +8,8 @@ import numpy as np
 
 from pyar import _hip, _kernels
 from pyar.array import DeviceArray, asarray, empty
-from pyar.comm import algorithms, exchange, layout, rmsnorm
-from pyar.comm.errors import CollectiveTimeout
+from pyar.comm import algorithms, exchange, layout, rmsnorm, topology
+from pyar.comm.errors import CollectiveTimeout, PeerAccessError
 from pyar.comm.registry import BufferRegistry
 from pyar.comm.resources import Resources
 
@@ -107,12 +107,14 @@ class Communicator:
         lay = self._layout
         self._scratch_offset = lay.signal_bytes
         self._partial_offset = lay.signal_bytes + self.max_size
+        bus_ids = node.allgather(exchange.run_everywhere(node, self._bus_id))
+        exchange.run_everywhere(node, topology.enable_peer_access, self.device, self.rank,
+                                bus_ids)
         exported = exchange.run_everywhere(node, self._allocate)
         handles = node.allgather(exported)
-        exchange.run_everywhere(node, self._map_peers, handles)
+        exchange.run_everywhere(node, self._map_peers, handles, bus_ids)
         self._registry = exchange.run_everywhere(node, BufferRegistry, node, self._resources)
-        bus_ids = node.allgather(exchange.run_everywhere(node, self._bus_id))
-        sharing = bus_ids.count(bus_ids[self.rank])
+        sharing = topology.ranks_sharing(bus_ids, self.rank)
         self._max_blocks = exchange.agree_min(node, exchange.run_everywhere(
             node, self._block_cap, sharing, self._allreduce_functions()))
         # Per fused kernel: their register use, and so their occupancy,
@@ -147,14 +149,23 @@ class Communicator:
         self._staged_table = res.device_memory(layout.TABLE_BYTES)
         return _hip.ipc_get_handle(self._buffer.ptr)
 
-    def _map_peers(self, handles):
-        bases = [self._buffer.ptr if r == self.rank else self._resources.peers.open(h)
+    def _map_peers(self, handles, bus_ids):
+        bases = [self._buffer.ptr if r == self.rank else self._open_peer(r, h, bus_ids)
                  for r, h in enumerate(handles)]
         state = layout.pack_state(bases, [b + self._partial_offset for b in bases],
                                   self._error.ptr, self.rank, self.world)
         _hip.memcpy_htod(self._state.ptr, state)
         _hip.memcpy_htod(self._staged_table.ptr,
                          layout.pack_table([b + self._scratch_offset for b in bases]))
+
+    def _open_peer(self, peer_rank, handle, bus_ids):
+        try:
+            return self._resources.peers.open(handle)
+        except _hip.HipError as exc:
+            if bus_ids[peer_rank] == bus_ids[self.rank]:
+                raise
+            raise PeerAccessError(self.rank, bus_ids[self.rank], peer_rank, bus_ids[peer_rank],
+                                  f"mapping its memory failed ({exc})") from exc
 
     def _bus_id(self):
         return _hip.Device(self.device).pci_bus_id
