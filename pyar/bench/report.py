@@ -34,27 +34,33 @@ def save_json(path, meta, rows):
 
 def save_plot(path, rows, title):
     """A latency-versus-size plot per (algo, input); skipped without matplotlib."""
+    series = {}
+    for row in rows:
+        requested = row["algo"].split(":")[0]  # "auto:twoshot" is one auto series
+        series.setdefault(f"{requested} ({row['mode']})", []).append(
+            (row["bytes"], row["time_us"]))
+    return plot_latency(path, series, title)
+
+
+def plot_latency(path, series, title):
+    """Time per all-reduce against size, log-log, a line per label of
+    ``series`` ({label: [(bytes, microseconds)]}); False without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    series = {}
-    for row in rows:
-        requested = row["algo"].split(":")[0]  # "auto:twoshot" is one auto series
-        series.setdefault(f"{requested} ({row['mode']})", []).append(row)
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     for label, points in sorted(series.items()):
-        ax.plot([p["bytes"] for p in points], [p["time_us"] for p in points], marker="o",
-                label=label)
+        ax.plot(*zip(*points), marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("time per all-reduce (µs)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
