@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # Tier (b) on the GPU machine, in one command: build pyar, start MPS, run the
-# GPU test suite (ranks share GPU 0 under MPS), run the benchmarks, stop MPS,
-# and print the summary table last.
+# GPU test suite, run the benchmarks, stop MPS, and print the summary table
+# last.  Rank r runs on visible GPU r % count: with one GPU every rank shares
+# it under MPS; with several (CUDA_VISIBLE_DEVICES picks them) a world no
+# larger than their count gets a GPU per rank, and the benchmarks add
+# benchmarks/versus_torch.py (NCCL, torch symmetric memory) at those worlds.
 #
 #   OUT=/tmp/pyar-out scripts/gpu_suite.sh            # everything
 #   PYAR_SUITE_TESTS="tests/gpu/test_runtime_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
 #
 # PYAR_SUITE_K selects tests (pytest -k), PYAR_SUITE_BENCH_ARGS adds pyar.bench
 # arguments (e.g. "--iters 20"), PYAR_SUITE_FUSED_ARGS those of pyar.bench --fused,
-# PYAR_SUITE_BENCH_KINDS picks among "launch allreduce fused"; PYAR_SUITE_TEST_SECONDS
+# PYAR_SUITE_BENCH_KINDS picks among "launch allreduce fused versus" (default: all
+# that apply), PYAR_SUITE_MPS=0 leaves MPS off; PYAR_SUITE_TEST_SECONDS
 # and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
 # leased machine's time limit still leaves room for the summary.
 #
 # Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl, scenarios.log,
-# launch.json, bench.json, bench_w8.png, summary.md.
+# launch.json, bench.json, bench_w8.png, versus_w*.{json,png}, summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 TESTS=${PYAR_SUITE_TESTS:-tests}
 BENCH=${PYAR_SUITE_BENCH:-1}
 BENCH_WORLDS=${PYAR_SUITE_BENCH_WORLDS:-2 4 8}
-BENCH_KINDS=${PYAR_SUITE_BENCH_KINDS:-launch allreduce fused}
+MPS=${PYAR_SUITE_MPS:-1}
 TEST_SECONDS=${PYAR_SUITE_TEST_SECONDS:-3600}
 BENCH_SECONDS=${PYAR_SUITE_BENCH_SECONDS:-900}
 PYTHON=${PYTHON:-python3}
@@ -41,11 +45,19 @@ build_seconds=$(( $(date +%s) - start ))
 echo "build: exit $build_status in ${build_seconds}s" | tee -a "$OUT/build.log"
 [ $build_status -eq 0 ] || { tail -50 "$OUT/build.log"; exit 1; }
 
-echo "== MPS"
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-nvidia-cuda-mps-control -d && echo "MPS started"
-stop_mps() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; }
-trap stop_mps EXIT
+GPUS=$($PYTHON -c 'import pyar; print(pyar.get_device_count())' </dev/null)
+echo "visible GPUs: $GPUS"
+default_kinds="launch allreduce fused"
+[ "${GPUS:-1}" -gt 1 ] && default_kinds="$default_kinds versus"
+BENCH_KINDS=${PYAR_SUITE_BENCH_KINDS:-$default_kinds}
+
+stop_mps() { [ "$MPS" = 1 ] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; }
+if [ "$MPS" = 1 ]; then
+  echo "== MPS"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "MPS started"
+  trap stop_mps EXIT
+fi
 
 echo "== tests ($TESTS)"
 timeout -k 10 "$TEST_SECONDS" $PYTHON -m pytest -q -rfEs -m gpu --junitxml="$OUT/junit.xml" \
@@ -75,7 +87,18 @@ if [ "$BENCH" = 1 ] && wants fused; then
       --json "$work/fused_w$w.json" 2>&1 | tee "$work/fused_w$w.txt"
   done
 fi
-cp "$work"/bench_w*.json "$work"/fused_w*.json "$OUT/" 2>/dev/null
+if [ "$BENCH" = 1 ] && wants versus; then
+  stop_mps  # NCCL and symmetric memory run without MPS: one process per GPU
+  for w in $BENCH_WORLDS; do
+    [ "$w" -le "${GPUS:-1}" ] || { echo "== versus_torch: $w ranks need $w GPUs, skipped"; continue; }
+    echo "== benchmarks/versus_torch.py, $w ranks, a GPU each"
+    timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --bind-to none \
+      $PYTHON benchmarks/versus_torch.py --json "$work/versus_w$w.json" \
+      --plot "$work/versus_w$w.png" 2>&1 | tee "$work/versus_w$w.txt"
+  done
+fi
+cp "$work"/bench_w*.json "$work"/fused_w*.json "$work"/versus_w*.json "$work"/versus_w*.png \
+  "$OUT/" 2>/dev/null
 
 stop_mps
 trap - EXIT

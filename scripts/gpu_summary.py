@@ -5,7 +5,10 @@ import collections
 import glob
 import json
 import os
+import sys
 import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_outcomes(junit_path):
@@ -103,6 +106,8 @@ def main():
     for kind in ("bench", "fused"):
         for path in sorted(glob.glob(os.path.join(bench_dir, f"{kind}_w*.json"))):
             print_bench(path, kind, merged)
+    for path in sorted(glob.glob(os.path.join(bench_dir, "versus_w*.json"))):
+        print_versus(path, merged)
     if merged:
         with open(os.path.join(args.out, "bench.json"), "w") as f:
             json.dump(merged, f, indent=1)
@@ -120,6 +125,20 @@ def print_bench(path, kind, merged):
         columns += [k for k in row if k not in columns]
     print(markdown([{k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()}
                     for r in data["rows"]], columns))
+    print()
+
+
+def print_versus(path, merged):
+    sys.path.insert(0, ROOT)
+    from benchmarks import versus_torch
+    with open(path) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    merged[f"versus_w{meta['world']}"] = data
+    print(versus_torch.table(data["rows"], f"pyar vs NCCL vs torch symmetric memory, "
+                             f"{meta['world']} x {meta['device']}, {meta['dtype']}"))
+    for name, error in meta.get("failures", {}).items():
+        print(f"\n{name} not measured where '-': {error}")
     print()
 
 
