@@ -208,6 +208,60 @@ def test_host_launches_kernels_the_source_defines(kernel_source):
             assert argtypes == expected_argtypes, (name, argtypes, ctypes)
 
 
+class _RecordingFunction:
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, grid, block, args=(), shared_mem=0, stream=None):
+        self.launches.append((grid, block, tuple(args)))
+
+
+@pytest.mark.parametrize("registered", [None, 0x5300_0000_0000])
+def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, registered):
+    """Messages larger than max_size go in chunks: staged ones copied into the
+    scratch buffer chunk by chunk, registered ones read in place at an offset;
+    parameters by the kernel's names."""
+    itemsize, max_size = 2, 4096
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm.world, comm.max_size, comm._calls, comm._call_log = 4, max_size, 0, {}
+    comm._layout = types.SimpleNamespace(threads=512)
+    comm._max_blocks = 3
+    comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
+    comm._scratch_offset = 0x1000
+    comm._staged_table = types.SimpleNamespace(ptr=0x5100_0000_0000)
+    comm._state = types.SimpleNamespace(ptr=0x5200_0000_0000)
+    comm._timeout_ns = 10**9
+    function = _RecordingFunction()
+    comm._function = lambda algo, dtype: function
+    copies = []
+    monkeypatch.setattr(communicator._hip, "memcpy_dtod",
+                        lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    count = 2 * max_size // itemsize + 1000  # two whole chunks and a short one
+    x = pyar.DeviceArray.from_pointer(0x7000_0000_0000, (count,), np.float16, device=0)
+    out = pyar.DeviceArray.from_pointer(0x7100_0000_0000, (count,), np.float16, device=0)
+    comm._launch(x, out, "twoshot", registered, stream=None)
+    names = ["in", "in_offset", "out", "state", "n", "timeout_ns", "call"]
+    firsts = [0, 2048, 4096]
+    assert len(function.launches) == 3
+    for number, (first, (grid, block, args)) in enumerate(zip(firsts, function.launches)):
+        got = dict(zip(names, args))
+        n = min(2048, count - first)
+        assert got["n"] == n and got["out"] == out.ptr + first * itemsize
+        assert got["call"] == number and got["state"] == comm._state.ptr
+        # Two-shot: each rank reduces a quarter of the chunk's packs, 512 threads a block.
+        assert (grid, block) == (min(3, max(1, -(-(n // 8 // 4) // 512))), 512)
+        if registered is None:
+            assert (got["in"], got["in_offset"]) == (comm._staged_table.ptr, 0)
+        else:
+            assert (got["in"], got["in_offset"]) == (registered, first * itemsize // 16)
+    if registered is None:
+        scratch = comm._buffer.ptr + comm._scratch_offset
+        assert copies == [(scratch, x.ptr + f * itemsize, min(2048, count - f) * itemsize)
+                          for f in firsts]
+    else:
+        assert copies == []
+
+
 def test_kernel_dtypes():
     import ml_dtypes
     assert set(communicator._KERNEL_TYPES) == {

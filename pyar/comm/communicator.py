@@ -394,12 +394,8 @@ class Communicator:
         for first in range(0, x.size, chunk):
             count = min(chunk, x.size - first)
             offset = first * itemsize
-            if registered is None:
-                scratch = self._buffer.ptr + self._scratch_offset
-                _hip.memcpy_dtod(scratch, x.ptr + offset, count * itemsize, stream)
-                table, in_offset = self._staged_table.ptr, 0
-            else:
-                table, in_offset = registered, offset // layout.PACK_BYTES
+            table, in_offset = self._chunk_input(x, offset, count * itemsize, registered,
+                                                 stream)
             packs = count // lanes
             work = packs if algo == "oneshot" else -(-packs // self.world)
             blocks = min(self._max_blocks, max(1, -(-work // threads)))
@@ -407,6 +403,16 @@ class Communicator:
             function.launch(blocks, threads,
                             (table, in_offset, out.ptr + offset, self._state.ptr, count,
                              self._timeout_ns, call), stream=stream)
+
+    def _chunk_input(self, x, offset, nbytes, registered, stream):
+        """The input table and pack offset one chunk's kernel reads: the
+        registered buffer in place, or the chunk staged into this rank's
+        scratch buffer, which the staged table names on every rank."""
+        if registered is not None:
+            return registered, offset // layout.PACK_BYTES
+        _hip.memcpy_dtod(self._buffer.ptr + self._scratch_offset, x.ptr + offset, nbytes,
+                         stream)
+        return self._staged_table.ptr, 0
 
     def _next_call(self, kind, details):
         """The 32-bit sequence number the kernel reports on timeout; the log
@@ -498,12 +504,8 @@ class Communicator:
         for first in range(0, call.tokens, chunk):
             count = min(chunk, call.tokens - first)
             offset = first * row_bytes
-            if registered is None:
-                scratch = self._buffer.ptr + self._scratch_offset
-                _hip.memcpy_dtod(scratch, call.x.ptr + offset, count * row_bytes, stream)
-                table, in_offset = self._staged_table.ptr, 0
-            else:
-                table, in_offset = registered, offset // layout.PACK_BYTES
+            table, in_offset = self._chunk_input(call.x, offset, count * row_bytes, registered,
+                                                 stream)
             blocks = min(self._max_fused_blocks[(algo, call.x.dtype)],
                          self._row_kernels.passes(count, call.hidden, call.x.dtype))
             number = self._next_call("allreduce_rmsnorm",
