@@ -126,6 +126,23 @@ def _device_array(x, what, device):
     return x
 
 
+def _check_rows(a, what, operation):
+    if a.dtype not in DTYPES:
+        raise TypeError(f"{what} has dtype {a.dtype}; {operation} supports "
+                        f"{', '.join(str(d) for d in DTYPES)}")
+    if a.ndim != 2:
+        raise ValueError(f"{what} must be 2-D (tokens, hidden), got shape {a.shape}")
+
+
+def _lanes(hidden, dtype, layout):
+    """Elements per 16-byte pack, once ``hidden`` is known to fit the kernels' rows."""
+    lanes = PACK_BYTES // dtype.itemsize
+    if not 0 < hidden <= layout.max_hidden or hidden % lanes:
+        raise ValueError(f"hidden size {hidden} is not supported for {dtype}: it must be a "
+                         f"multiple of {lanes} up to {layout.max_hidden}")
+    return lanes
+
+
 def _overlaps(a, b):
     return a.size and b.size and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
@@ -150,11 +167,7 @@ class RowCall:
         x = _device_array(x, "x", device)
         residual = _device_array(residual, "residual", device)
         weight = _device_array(weight, "weight", device)
-        if x.dtype not in DTYPES:
-            raise TypeError(f"x has dtype {x.dtype}; allreduce_rmsnorm supports "
-                            f"{', '.join(str(d) for d in DTYPES)}")
-        if x.ndim != 2:
-            raise ValueError(f"x must be 2-D (tokens, hidden), got shape {x.shape}")
+        _check_rows(x, "x", "allreduce_rmsnorm")
         for name, a in (("residual", residual), ("weight", weight)):
             if a.dtype != x.dtype:
                 raise TypeError(f"{name} has dtype {a.dtype}, x has {x.dtype}; they must match")
@@ -165,10 +178,7 @@ class RowCall:
         if weight.shape != (hidden,):
             raise ValueError(f"weight has shape {weight.shape}; expected ({hidden},) for "
                              f"hidden size {hidden}")
-        lanes = PACK_BYTES // x.dtype.itemsize
-        if not 0 < hidden <= layout.max_hidden or hidden % lanes:
-            raise ValueError(f"hidden size {hidden} is not supported for {x.dtype}: it must be "
-                             f"a multiple of {lanes} up to {layout.max_hidden}")
+        lanes = _lanes(hidden, x.dtype, layout)
         eps = float(eps)
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
@@ -316,16 +326,9 @@ def quantize(y, quant, group_size=128, fp8_dtype=None, quantized=None, scales=No
     device = _hip.get_device()
     kernels = _kernels_for(device)
     y = _device_array(y, "y", device)
-    if y.dtype not in DTYPES:
-        raise TypeError(f"y has dtype {y.dtype}; quantize supports "
-                        f"{', '.join(str(d) for d in DTYPES)}")
-    if y.ndim != 2:
-        raise ValueError(f"y must be 2-D (tokens, hidden), got shape {y.shape}")
+    _check_rows(y, "y", "quantize")
     tokens, hidden = y.shape
-    lanes = PACK_BYTES // y.dtype.itemsize
-    if not 0 < hidden <= kernels.layout.max_hidden or hidden % lanes:
-        raise ValueError(f"hidden size {hidden} is not supported for {y.dtype}: it must be a "
-                         f"multiple of {lanes} up to {kernels.layout.max_hidden}")
+    lanes = _lanes(hidden, y.dtype, kernels.layout)
     q = Quantization(quant, hidden, lanes, group_size, fp8_dtype, kernels.layout, device)
     quantized = _output(quantized, "quantized", (tokens, q.q_shape_last), q.q_dtype, stream,
                         device)
