@@ -281,8 +281,12 @@ def test_collective_timeout_pickles():
         error.call, (2, 3), 1, 2.5)
     assert str(copy) == text
     nobody = CollectiveTimeout("a collective", [], 0, 300.0)
-    assert "unknown" in str(nobody)
+    assert "not every rank arrived within 300 s" in str(nobody)
     assert pickle.loads(pickle.dumps(nobody)).missing == ()
+    late = CollectiveTimeout("register (host-side exchange)", [], 2, 5.0, late=True)
+    assert "given up after waiting 5 s" in str(late) and "rank 2" in str(late)
+    copy = pickle.loads(pickle.dumps(late))
+    assert copy.late and str(copy) == str(late)
 
 
 def test_mismatch_error_pickles():
@@ -512,6 +516,17 @@ def test_communicator_refuses_more_than_8_ranks():
     _, rows = run_scenario("comm_cpu_exchange", 9, "too-many", timeout=180,
                            env=CPU_SCENARIO_ENV)
     assert rows == [{"test": "comm-cpu-too-many", "world": 9, "failed_checks": 0}]
+
+
+@needs_mpirun
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_host_steps_are_bounded_by_the_timeout(nranks):
+    """A rank that never reaches a host-side step (a named one, and
+    Communicator() itself) makes the others raise CollectiveTimeout naming
+    the step and the rank after about the timeout; the late rank raises too."""
+    _, rows = run_scenario("comm_cpu_exchange", nranks, "bounded", timeout=120,
+                           env=CPU_SCENARIO_ENV)
+    assert rows == [{"test": "comm-cpu-bounded", "world": nranks, "failed_checks": 0}]
 
 
 @needs_mpirun

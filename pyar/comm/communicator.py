@@ -1,5 +1,6 @@
 """pyar.Communicator: the fastest correct sum across the GPUs of one node."""
 import ctypes
+import functools
 import os
 import weakref
 
@@ -33,6 +34,17 @@ def _env_flag(name):
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
+def _host_step(name):
+    """Names the method's MPI steps in the CollectiveTimeout they raise."""
+    def wrap(method):
+        @functools.wraps(method)
+        def named(self, *args, **kwargs):
+            with self._node.step(name):
+                return method(self, *args, **kwargs)
+        return named
+    return wrap
+
+
 class Communicator:
     """A custom all-reduce over the ranks of ``mpi_comm``, one GPU each.
 
@@ -58,7 +70,7 @@ class Communicator:
         if not 0 < timeout <= MAX_TIMEOUT:
             raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds, got {timeout}")
         self._closed = True  # until construction completes
-        self._node = exchange.node_local(mpi_comm)
+        self._node = exchange.node_local(mpi_comm, timeout)
         self.rank = self._node.Get_rank()
         self.world = self._node.Get_size()
         self.timeout = timeout
@@ -230,6 +242,8 @@ class Communicator:
             raise ValueError("communicator is closed")
         if self._failure is not None:
             raise self._failure
+        if self._node.failure is not None:
+            raise self._node.failure
 
     def _check_timeout(self):
         words = self._error_words if self.world > 1 else None
@@ -284,6 +298,7 @@ class Communicator:
 
     # --- collectives ------------------------------------------------------------
 
+    @_host_step("register")
     def register(self, x):
         """Exchange ``x``'s IPC handle once (collective), so that later
         all-reduces of ``x`` read it in place instead of staging a copy.
@@ -301,6 +316,7 @@ class Communicator:
             return
         self._registry.register(x)
 
+    @_host_step("register_graph_buffers")
     def register_graph_buffers(self):
         """Collective: exchange the handles of the unregistered inputs that
         captured all-reduces read in place, so the captured graphs can run.
@@ -318,6 +334,7 @@ class Communicator:
         block raised on any rank, every rank raises)."""
         return _CollectiveCapture(self, stream, mode)
 
+    @_host_step("the exchange at the end of a capture")
     def _finish_capture(self, failed):
         failures = self._node.allgather(failed)
         if any(failures):
@@ -341,11 +358,12 @@ class Communicator:
         if self.debug and self.world > 1:
             # Validate everywhere first, so that a rank whose arguments are
             # wrong raises on every rank instead of leaving peers waiting.
-            x, out, algo, registered = exchange.run_everywhere(
-                self._node, self._prepare, x, out, algo, stream)
-            exchange.check_agreement(
-                self._node, "the all-reduce (elements, dtype, algorithm, registered input)",
-                (x.size, str(x.dtype), algo, registered is not None))
+            with self._node.step("allreduce (PYAR_DEBUG check)"):
+                x, out, algo, registered = exchange.run_everywhere(
+                    self._node, self._prepare, x, out, algo, stream)
+                exchange.check_agreement(
+                    self._node, "the all-reduce (elements, dtype, algorithm, registered input)",
+                    (x.size, str(x.dtype), algo, registered is not None))
         else:
             x, out, algo, registered = self._prepare(x, out, algo, stream)
         if x.size == 0:
@@ -451,13 +469,14 @@ class Communicator:
         """
         self._check_usable()
         if self.debug and self.world > 1:
-            call, algo, registered = exchange.run_everywhere(
-                self._node, self._prepare_rmsnorm, x, residual, weight, eps, out, residual_out,
-                stream, quant, group_size, fp8_dtype, quantized, scales, algo)
-            exchange.check_agreement(
-                self._node, "the allreduce_rmsnorm (tokens, hidden, dtype, quantization, "
-                "algorithm, registered input)",
-                (*call.agreement_key(), algo, registered is not None))
+            with self._node.step("allreduce_rmsnorm (PYAR_DEBUG check)"):
+                call, algo, registered = exchange.run_everywhere(
+                    self._node, self._prepare_rmsnorm, x, residual, weight, eps, out,
+                    residual_out, stream, quant, group_size, fp8_dtype, quantized, scales, algo)
+                exchange.check_agreement(
+                    self._node, "the allreduce_rmsnorm (tokens, hidden, dtype, quantization, "
+                    "algorithm, registered input)",
+                    (*call.agreement_key(), algo, registered is not None))
         else:
             call, algo, registered = self._prepare_rmsnorm(
                 x, residual, weight, eps, out, residual_out, stream, quant, group_size,
@@ -516,16 +535,26 @@ class Communicator:
 
     # --- teardown ---------------------------------------------------------------
 
+    @_host_step("close")
     def close(self):
         """Release GPU memory and peer mappings (collective: peers unmap this
-        rank's memory before it is freed).  Later calls raise."""
+        rank's memory before it is freed).  Later calls raise.
+
+        Bounded by the timeout: after a failure (a CollectiveTimeout seen
+        before), a peer that never closes is expected and close() returns
+        once the timeout has passed; otherwise it raises CollectiveTimeout
+        naming it, after releasing this rank's resources all the same."""
         if self._closed:
             return
         self._closed = True
         self._finalizer.detach()
+        failed_before = self._failure is not None or self._node.failure is not None
         try:
             self._resources.close_mappings()
             self._node.Barrier()
+        except CollectiveTimeout:
+            if not failed_before:
+                raise
         finally:
             self._resources.free()
             self._node.Free()

@@ -4,22 +4,31 @@
 class CollectiveTimeout(RuntimeError):
     """A collective waited longer than the communicator's timeout for peers.
 
-    ``call`` describes the call that timed out, ``missing`` lists the ranks that
-    never arrived, ``rank`` is the rank that observed it.  The communicator is
-    unusable afterwards: its barrier counters no longer agree across ranks.
+    ``call`` describes the call (or host-side step) that timed out,
+    ``missing`` lists the ranks that never arrived (empty where they cannot be
+    told), ``rank`` is the rank that observed it.  ``late`` means this rank
+    arrived after its peers had given up on it.  The communicator is unusable
+    afterwards: its barrier counters no longer agree across ranks.
     """
 
-    def __init__(self, call, missing, rank, timeout):
-        ranks = ", ".join(map(str, missing)) or "unknown"
-        super().__init__(f"{call} on rank {rank}: rank(s) {ranks} never arrived within "
-                         f"{timeout:g} s (the communicator is now closed to further calls)")
+    def __init__(self, call, missing, rank, timeout, late=False):
+        if late:
+            what = f"the other ranks had given up after waiting {timeout:g} s for this one"
+        elif missing:
+            what = (f"rank(s) {', '.join(map(str, missing))} never arrived within "
+                    f"{timeout:g} s")
+        else:
+            what = f"not every rank arrived within {timeout:g} s"
+        super().__init__(f"{call} on rank {rank}: {what} (the communicator is now closed "
+                         "to further calls)")
         self.call = call
         self.missing = tuple(missing)
         self.rank = rank
         self.timeout = timeout
+        self.late = late
 
     def __reduce__(self):
-        return type(self), (self.call, self.missing, self.rank, self.timeout)
+        return type(self), (self.call, self.missing, self.rank, self.timeout, self.late)
 
 
 class MismatchError(ValueError):

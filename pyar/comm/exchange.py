@@ -3,17 +3,22 @@ agreement checks.  Every function here is collective over ``comm`` and needs
 no GPU, so the CPU test tier runs them under mpirun."""
 from mpi4py import MPI
 
+from pyar.comm.bounded import BoundedComm, arrive
 from pyar.comm.errors import MismatchError
 
 
-def node_local(comm):
-    """The sub-communicator of ``comm``'s ranks that share this node.
+def node_local(comm, timeout=None):
+    """The sub-communicator of ``comm``'s ranks that share this node; with a
+    ``timeout`` (seconds), a BoundedComm over it, and a rank of ``comm`` that
+    does not arrive within it makes the others raise CollectiveTimeout.
 
     Raises NotImplementedError on every rank when ``comm`` spans several
     nodes: pyar moves data only through intra-node IPC.
     """
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"expected an mpi4py intra-communicator, not {type(comm).__name__}")
+    if timeout is not None:
+        arrive(comm, "pyar.Communicator()", timeout)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     spans_nodes = comm.allreduce(node.Get_size() != comm.Get_size(), op=MPI.LOR)
     if spans_nodes:
@@ -21,7 +26,7 @@ def node_local(comm):
         raise NotImplementedError(
             "the communicator spans several nodes; pyar all-reduces among the GPUs of one "
             "node (split it with Split_type(MPI.COMM_TYPE_SHARED))")
-    return node
+    return node if timeout is None else BoundedComm(node, timeout, "pyar.Communicator()")
 
 
 def run_everywhere(comm, step, *args):

@@ -12,13 +12,21 @@ Modes:
   unpicklable   a step fails on one rank with an exception that cannot be
                 pickled: every rank must still raise (a hang is reported by
                 the watchdog, which exits with status 3).
+  bounded       the host-side steps bounded by the timeout (pyar.comm.bounded):
+                the node communicator's collectives give the right values;
+                when the last rank never reaches a step (a named one, then
+                Communicator() itself) the others raise CollectiveTimeout
+                naming the step and that rank within timeout + slack, later
+                steps raise at once, and the last rank, arriving after they
+                gave up, raises too (``late``) instead of waiting alone.
 
-Usage: comm_cpu_exchange.py exchange | too-many | unpicklable
+Usage: comm_cpu_exchange.py exchange | too-many | unpicklable | bounded
 """
 import faulthandler
 import os
 import sys
 import threading
+import time
 
 from mpi4py import MPI
 
@@ -26,7 +34,10 @@ from allreduce_common import run
 
 import pyar  # noqa: E402
 from pyar.comm import exchange  # noqa: E402
-from pyar.comm.errors import MismatchError  # noqa: E402
+from pyar.comm.errors import CollectiveTimeout, MismatchError  # noqa: E402
+
+TIMEOUT = 2.0
+SLACK = 10.0  # ranks share two cores with the rest of the test run
 
 
 class StepFailed(ValueError):
@@ -189,10 +200,77 @@ def unpicklable_mode(sc):
     sc.report(test="comm-cpu-unpicklable", failed_checks=sc.sum(sc.failures))
 
 
+def expect_timeout(sc, call, what, contains):
+    """``call()`` must raise CollectiveTimeout after about TIMEOUT seconds."""
+    start = time.monotonic()
+    error = sc.expect_raises(CollectiveTimeout, call, what, contains=contains)
+    waited = time.monotonic() - start
+    sc.check(0.9 * TIMEOUT <= waited <= TIMEOUT + SLACK,
+             f"{what}: raised after {waited:.1f} s, expected about {TIMEOUT} s")
+    return error
+
+
+def expect_late(sc, call, what):
+    """The rank that came after the others gave up: raises at once."""
+    start = time.monotonic()
+    error = sc.expect_raises(CollectiveTimeout, call, what, contains=("given up",))
+    sc.check(error is None or error.late, f"{what}: the error is not marked late")
+    sc.check(time.monotonic() - start < SLACK, f"{what}: waited before raising")
+
+
+def bounded_mode(sc):
+    world = MPI.COMM_WORLD
+    late = sc.world - 1
+    node = exchange.node_local(world, TIMEOUT)
+    sc.check(node.Get_rank() == sc.rank and node.Get_size() == sc.world, "node ranks")
+    got = node.allgather({"rank": sc.rank, "payload": "x" * (100 * sc.rank)})
+    sc.check(got == [{"rank": r, "payload": "x" * (100 * r)} for r in range(sc.world)],
+             f"allgather gave {got!r}")
+    sc.check(exchange.agree_min(node, 10 - sc.rank) == 11 - sc.world, "agree_min")
+    sc.check(exchange.run_everywhere(node, lambda: sc.rank + 1) == sc.rank + 1,
+             "run_everywhere")
+    sc.expect_raises(MismatchError, lambda: exchange.check_agreement(
+        node, "the element count", 4096 + (sc.rank == late)), "check_agreement",
+        contains=(f"ranks [{late}]: 4097",))
+    node.Barrier()
+
+    if sc.rank != late:
+        with node.step("register"):
+            error = expect_timeout(sc, lambda: node.allgather("handles"),
+                                   "a step the last rank never reaches",
+                                   contains=("register (host-side exchange)", f"rank {sc.rank}",
+                                             f"rank(s) {late} never arrived"))
+        sc.check(error is None or (error.missing == (late,) and not error.late),
+                 f"missing {getattr(error, 'missing', None)}")
+        start = time.monotonic()
+        sc.expect_raises(CollectiveTimeout, node.Barrier, "a step after the timeout",
+                         contains=("register",))
+        sc.check(time.monotonic() - start < 1.0, "a step after the timeout waited")
+    else:
+        time.sleep(TIMEOUT + 1.0)
+        expect_late(sc, lambda: node.allgather("handles"), "the step, reached late")
+    node.Free()
+
+    # Communicator() itself: the last rank constructs late.  Without a GPU
+    # the others would fail at the device step, after the arrival check.
+    if sc.rank != late:
+        expect_timeout(sc, lambda: pyar.Communicator(world, timeout=TIMEOUT),
+                       "Communicator() the last rank never calls",
+                       contains=("pyar.Communicator() (host-side exchange)",
+                                 "not every rank arrived"))
+    else:
+        time.sleep(TIMEOUT + 1.0)
+        expect_late(sc, lambda: pyar.Communicator(world, timeout=TIMEOUT),
+                    "Communicator(), called late")
+    total = world.allreduce(1)
+    sc.check(total == sc.world, f"MPI.COMM_WORLD after the timeouts: allreduce gave {total}")
+    sc.report(test="comm-cpu-bounded", failed_checks=sc.sum(sc.failures))
+
+
 def main(sc):
     mode = sc.argv[0] if sc.argv else "exchange"
     {"exchange": exchange_mode, "too-many": too_many_mode,
-     "unpicklable": unpicklable_mode}[mode](sc)
+     "unpicklable": unpicklable_mode, "bounded": bounded_mode}[mode](sc)
 
 
 if __name__ == "__main__":
