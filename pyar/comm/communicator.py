@@ -82,6 +82,7 @@ class Communicator:
         self._calls = 0
         self._call_log = {}
         self._failure = None
+        self._captures = weakref.WeakSet()  # closed with the communicator
         self._functions = {}
         self._kernel_dir = kernels
         self._row_kernels = None
@@ -331,7 +332,10 @@ class Communicator:
     def capture(self, stream, mode="global"):
         """``with comm.capture(stream) as graph:`` -- pyar.capture plus
         register_graph_buffers() when the block ends (collectively: if the
-        block raised on any rank, every rank raises)."""
+        block raised on any rank, every rank raises).  ``close()`` closes the
+        graph too: replaying it afterwards raises instead of reading freed
+        memory.  (Graphs captured with plain ``pyar.capture`` must be closed
+        before the communicator.)"""
         return _CollectiveCapture(self, stream, mode)
 
     @_host_step("the exchange at the end of a capture")
@@ -549,6 +553,8 @@ class Communicator:
         self._closed = True
         self._finalizer.detach()
         failed_before = self._failure is not None or self._node.failure is not None
+        for graph in list(self._captures):
+            graph.close()
         try:
             self._resources.close_mappings()
             self._node.Barrier()
@@ -575,6 +581,7 @@ class _CollectiveCapture(_hip.capture):
         comm._check_usable()
         super().__init__(stream, mode)
         self._comm = comm
+        comm._captures.add(self)
 
     def __exit__(self, exc_type, exc, tb):
         try:

@@ -47,3 +47,4 @@ def test_graphs_per_batch_size_with_eager_calls(world):
     serving = rows_of(rows, "graph-serving")[0]
     assert serving["checked"] >= serving["calls"] and serving["mismatches"] == 0, serving
     assert rows_of(rows, "graph-order-mismatch")[0]["ranks_raised"] == world
+    assert rows_of(rows, "graph-after-close")[0]["ranks_raised"] == world

@@ -196,7 +196,22 @@ def serve_mode(sc):
                               "capturing in different orders", contains=("capture order",))
     sc.report(test="graph-order-mismatch", ranks_raised=sc.sum(raised is not None),
               mismatches=0)
+
+    # A graph that outlives its communicator is closed with it: replaying it
+    # raises instead of reading freed and unmapped memory.
+    with comm.capture(stream) as kept:
+        comm.allreduce(a, out=outs_ab[0], stream=stream)
+    executable = kept.executable
+    kept.replay(stream)
+    comm.synchronize(stream)
     comm.close()
+    stale = [sc.expect_raises(ValueError, lambda: kept.replay(stream),
+                              "replaying a graph after comm.close()", contains=("closed",)),
+             sc.expect_raises(ValueError, lambda: executable.launch(stream),
+                              "launching its executable after comm.close()",
+                              contains=("destroyed",))]
+    sc.report(test="graph-after-close", ranks_raised=sc.sum(all(e is not None for e in stale)),
+              mismatches=0)
 
 
 def main(sc):
