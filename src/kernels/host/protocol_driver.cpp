@@ -27,6 +27,7 @@
 //   --blocks N     the grid cap (Communicator._max_blocks)   (3)
 //   --epoch-start E    every block's epoch starts at E (and every flag holds it)
 //   --skip start | mid | exit   leave that barrier out (a mutation run)
+//   --reached unsigned   compare epochs as plain unsigned numbers (not wrap-safe)
 //   --seed S --jitter ONE_IN --sleep-us US --delay-us US --timeout-ms MS
 // Prints one line of JSON; exits 0 when every result was exact and no call
 // timed out, 1 otherwise, 2 on bad usage.
@@ -38,6 +39,9 @@ namespace host {
 // built with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase: one build serves
 // the clean runs and every mutation of the table.
 inline int skipped_phase = -1;
+// Whether barriers compare epochs without regard to the wrap (--reached
+// unsigned), with -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached.
+inline bool unsigned_reached = false;
 }  // namespace host
 }  // namespace pyar
 
@@ -113,6 +117,7 @@ struct Options {
   uint32_t jitter = 0, sleep_us = 0, delay_us = 0;
   uint64_t timeout_ms = 60000;
   int skip = -1;
+  bool unsigned_reached = false;
 
   bool fused() const { return kernel == "onestage" || kernel == "twostage"; }
   bool registered() const { return variant == "registered"; }
@@ -147,6 +152,7 @@ Options parse(int argc, char **argv) {
     else if (key == "--blocks") o.blocks = uint32_t(std::stoul(value));
     else if (key == "--epoch-start") o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
     else if (key == "--skip") o.skip = phase(value);
+    else if (key == "--reached") o.unsigned_reached = value == "unsigned";
     else if (key == "--seed") o.seed = std::stoull(value);
     else if (key == "--jitter") o.jitter = uint32_t(std::stoul(value));
     else if (key == "--sleep-us") o.sleep_us = uint32_t(std::stoul(value));
@@ -417,6 +423,11 @@ int main(int argc, char **argv) {
   host::skipped_phase = o.skip;
 #else
   if (o.skip >= 0) usage("--skip needs a build with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase");
+#endif
+#if defined(PYAR_TEST_REACHED_UNSIGNED)
+  host::unsigned_reached = o.unsigned_reached;
+#else
+  if (o.unsigned_reached) usage("--reached needs -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached");
 #endif
   Run run(o);
   const auto started = std::chrono::steady_clock::now();
