@@ -14,7 +14,10 @@ Under ThreadSanitizer an access that no barrier orders is a report even when the
 happened to give the right sum, so a missing barrier is seen deterministically, not only
 when the timing goes wrong as on the GPU. Hence:
   - every kernel at world sizes 2, 3, 4 and 8 runs with zero reports and exact sums, also
-    across the 32-bit wrap of the per-block epochs;
+    across the 32-bit wrap of the per-block epochs (whose control, an epoch comparison that
+    is not wrap-safe, must be caught);
+  - a rank that stops calling makes its peers' bounded spins give up, and their error
+    records name it;
   - the mutation table: every barrier of every kernel left out in turn (the driver is built
     with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase, the protocol's test-only define, and
     --skip picks the phase) must be caught, by a report or a wrong sum; the barriers proven
@@ -179,6 +182,17 @@ def test_epoch_wrap_catches_a_comparison_that_is_not_wrap_safe(driver):
     assert across.caught, f"an unsigned epoch comparison across the wrap went unseen: {across.row}"
     from_zero = run(driver, "oneshot", 4, "--reached", "unsigned", "--calls", 8, *DELAYS)
     assert_clean(from_zero, "an unsigned epoch comparison far from the wrap")
+
+
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage"])
+def test_absent_rank_times_out_and_is_named(driver, kernel):
+    """Rank 2 of 3 makes no call from its fourth on: the others' bounded spins give up after
+    the timeout, and the error record names rank 2 and the call, without a report."""
+    outcome = run(driver, kernel, 3, "--absent", "2.3", "--calls", 6, "--timeout-ms", 300)
+    assert outcome.reports == 0, outcome.first_report()
+    row = outcome.row
+    assert row["mismatches"] == 0 and row["timeouts"] == 2, row
+    assert row["missing"] == [2] and row["timed_out_calls"] == [3, 3], row
 
 
 # --- the mutation table -----------------------------------------------------------------

@@ -27,6 +27,7 @@
 //   --blocks N     the grid cap (Communicator._max_blocks)   (3)
 //   --epoch-start E    every block's epoch starts at E (and every flag holds it)
 //   --skip start | mid | exit   leave that barrier out (a mutation run)
+//   --absent R.C   rank R makes no call from its call C on (the peers time out)
 //   --reached unsigned   compare epochs as plain unsigned numbers (not wrap-safe)
 //   --seed S --jitter ONE_IN --sleep-us US --delay-us US --timeout-ms MS
 // Prints one line of JSON; exits 0 when every result was exact and no call
@@ -115,6 +116,8 @@ struct Options {
   uint32_t epoch_start = 0;
   uint64_t seed = 1;
   uint32_t jitter = 0, sleep_us = 0, delay_us = 0;
+  uint32_t absent_rank = ~0u;
+  uint64_t absent_call = 0;
   uint64_t timeout_ms = 60000;
   int skip = -1;
   bool unsigned_reached = false;
@@ -152,7 +155,12 @@ Options parse(int argc, char **argv) {
     else if (key == "--blocks") o.blocks = uint32_t(std::stoul(value));
     else if (key == "--epoch-start") o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
     else if (key == "--skip") o.skip = phase(value);
-    else if (key == "--reached") o.unsigned_reached = value == "unsigned";
+    else if (key == "--absent") {
+      const size_t dot = value.find('.');
+      if (dot == std::string::npos) usage("--absent is RANK.CALL");
+      o.absent_rank = uint32_t(std::stoul(value.substr(0, dot)));
+      o.absent_call = std::stoull(value.substr(dot + 1));
+    } else if (key == "--reached") o.unsigned_reached = value == "unsigned";
     else if (key == "--seed") o.seed = std::stoull(value);
     else if (key == "--jitter") o.jitter = uint32_t(std::stoul(value));
     else if (key == "--sleep-us") o.sleep_us = uint32_t(std::stoul(value));
@@ -205,6 +213,8 @@ struct Rank {
   Memory x, out, residual, y, weight;
   uint32_t call = 0;  // the host's sequence number (Communicator._next_call)
   uint64_t mismatches = 0, timeouts = 0, chunks = 0;
+  uint32_t missing = 0;  // bit r: rank r never arrived, by the error record
+  uint32_t timed_out_call = 0;
   std::string first_mismatch;
 
   pyar::Signal *signal() { return reinterpret_cast<pyar::Signal *>(buffer.data()); }
@@ -262,10 +272,17 @@ struct Run {
     return {&k.staged, 0};
   }
 
+  // Communicator._check_timeout: the error record the kernel left.
   bool record_timeout(Rank &k) {
     if (!k.error[0]) return false;
     ++k.timeouts;
+    for (uint32_t r = 0; r < o.world; ++r) k.missing |= (k.error[1 + r] ? 1u : 0u) << r;
+    k.timed_out_call = k.error[1 + pyar::kMaxRanks];
     return true;
+  }
+
+  bool absent(const Rank &k, uint64_t call) const {
+    return k.rank == o.absent_rank && call >= o.absent_call;
   }
 
   void mismatch(Rank &k, uint64_t call, uint64_t i, float got, float want) {
@@ -299,7 +316,7 @@ struct Run {
     std::mt19937_64 random(o.seed * 7919u + k.rank);
     T *x = k.x.as<T>();
     T *out = o.in_place ? x : k.out.as<T>();
-    for (uint64_t c = 0; c < o.calls; ++c) {
+    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
       delay(random);
       for (uint64_t first = 0; first < n; first += chunk) {
         const uint64_t count = std::min(chunk, n - first);
@@ -339,7 +356,7 @@ struct Run {
     T *residual = k.residual.as<T>(), *y = k.y.as<T>(), *weight = k.weight.as<T>();
     for (uint64_t j = 0; j < hidden; ++j) weight[j] = element<T>(float(1 + j % 5) / 4.f);
     std::vector<double> r(hidden);
-    for (uint64_t c = 0; c < o.calls; ++c) {
+    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
       for (uint64_t i = 0; i < n; ++i)
         residual[i] = element<T>(float(pattern(o.seed + 1, 0, c, i)));  // in place: reset
       delay(random);
@@ -437,19 +454,27 @@ int main(int argc, char **argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   uint64_t mismatches = 0, timeouts = 0, chunks = 0;
-  std::string first;
+  std::string first, missing, timed_out_calls;
+  uint32_t never_arrived = 0;
   for (const Rank &k : run.ranks) {
+    never_arrived |= k.missing;
+    if (k.timeouts)
+      timed_out_calls += (timed_out_calls.empty() ? "" : ", ") + std::to_string(k.timed_out_call);
     mismatches += k.mismatches;
     timeouts += k.timeouts;
     chunks += k.chunks;
     if (first.empty()) first = k.first_mismatch;
   }
+  for (uint32_t r = 0; r < o.world; ++r)
+    if (never_arrived >> r & 1u) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   std::printf(
       "{\"kernel\": \"%s\", \"world\": %u, \"dtype\": \"%s\", \"variant\": \"%s\", "
       "\"in_place\": %s, \"calls\": %u, \"launches\": %llu, \"mismatches\": %llu, "
-      "\"timeouts\": %llu, \"seconds\": %.2f, \"first_mismatch\": \"%s\"}\n",
+      "\"timeouts\": %llu, \"missing\": [%s], \"timed_out_calls\": [%s], \"seconds\": %.2f, "
+      "\"first_mismatch\": \"%s\"}\n",
       o.kernel.c_str(), o.world, o.dtype.c_str(), o.variant.c_str(),
       o.in_place ? "true" : "false", o.calls, (unsigned long long)chunks,
-      (unsigned long long)mismatches, (unsigned long long)timeouts, seconds, first.c_str());
+      (unsigned long long)mismatches, (unsigned long long)timeouts, missing.c_str(), timed_out_calls.c_str(), seconds,
+      first.c_str());
   return mismatches == 0 && timeouts == 0 ? 0 : 1;
 }
