@@ -45,11 +45,11 @@ CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
             "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached", "-Wall", "-Wno-unknown-pragmas"]
 # halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
 # report from a wrong sum (1) or bad usage (2).
-TSAN_OPTIONS = "halt_on_error=1 exitcode=66 second_deadlock_stack=1"
+TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
 TSAN_EXIT = 66
 WORLDS = [2, 3, 4, 8]
-# Random delays: one delay point (a peer load or a flag store) in JITTER sleeps up to
-# SLEEP_US, and a third of the calls start up to DELAY_US late on each rank.
+# Random delays: one delay point (a peer load or a flag store) in 400 sleeps up to 200 us,
+# and a third of the calls start up to 300 us late on each rank.
 DELAYS = ("--jitter", "400", "--sleep-us", "200", "--delay-us", "300")
 WRAP_START = str(2**32 - 4)  # epochs 2**32 - 3 .. 2**32 - 1, 0, 1, ... in the first calls
 

@@ -32,7 +32,6 @@
 #include <thread>
 #include <vector>
 
-
 namespace pyar {
 namespace host {
 
