@@ -23,7 +23,7 @@ WORLDS = [2, 3, 4, 8]
 # memcpy into each rank's Signal area between calls) starts every block's epoch a few
 # calls before 2**32, so the scenario's barriers compare epochs across the wrap.
 WRAP = [False, True]
-WRAP_IDS = ["", "across-epoch-wrap"]
+WRAP_IDS = ["epochs-from-zero", "across-epoch-wrap"]
 
 
 @pytest.mark.parametrize("wrap", WRAP, ids=WRAP_IDS)

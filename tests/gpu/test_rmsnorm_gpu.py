@@ -32,7 +32,7 @@ def test_fused_random(world):
     assert bad["raised"] == bad["cases"], bad
 
 
-@pytest.mark.parametrize("wrap", [False, True], ids=["", "across-epoch-wrap"])
+@pytest.mark.parametrize("wrap", [False, True], ids=["epochs-from-zero", "across-epoch-wrap"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_fused_adversarial_write_after_read(world, wrap):
     """1000 calls per (variant, staged/registered), queued 50 at a time; every
