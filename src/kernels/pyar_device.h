@@ -3,6 +3,10 @@
 // the kernels is plain single-source C++.
 #pragma once
 
+#if defined(PYAR_HOST_BUILD)  // the kernels as CPU code, for ThreadSanitizer
+#include "host/pyar_device_host.h"
+#else
+
 #include <stdint.h>
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
@@ -138,3 +142,5 @@ struct Element<bf16_bits> {
 };
 
 }  // namespace pyar
+
+#endif  // PYAR_HOST_BUILD

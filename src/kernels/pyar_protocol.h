@@ -37,7 +37,10 @@ namespace pyar {
 
 constexpr int kMaxRanks = 8;
 constexpr int kMaxBlocks = 256;
-constexpr int kThreads = 512;
+#ifndef PYAR_THREADS  // the host build (pyar_device_host.h) runs fewer
+#define PYAR_THREADS 512
+#endif
+constexpr int kThreads = PYAR_THREADS;
 constexpr uint64_t kGiveUpCheckNs = 1000000;  // waits shorter than this never read host memory
 
 enum Phase { kStart = 0, kMid = 1, kEnd = 2, kPhases = 3 };
@@ -68,11 +71,25 @@ struct CallInfo {
 
 // Whether a flag holding `value` has reached `epoch`, across the 32-bit wrap.
 PYAR_DEVICE bool reached(uint32_t value, uint32_t epoch) {
+#if defined(PYAR_TEST_REACHED_UNSIGNED)  // the epoch-wrap tests' positive control
+  if (PYAR_TEST_REACHED_UNSIGNED) return value >= epoch;
+#endif
   return int32_t(value - epoch) >= 0;
 }
 
+// Positive controls: a test-only build defines PYAR_TEST_SKIP_PHASE as kStart,
+// kMid or kEnd to leave that barrier out of every kernel it compiles (the
+// host build's mutation table, tests/test_protocol_host.py, and the GPU
+// controls); PYAR_TEST_SKIP_EXIT_BARRIER is the older name of kEnd.
+#if defined(PYAR_TEST_SKIP_EXIT_BARRIER) && !defined(PYAR_TEST_SKIP_PHASE)
+#define PYAR_TEST_SKIP_PHASE kEnd
+#endif
+
 template <int W>
 PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const CallInfo &info) {
+#if defined(PYAR_TEST_SKIP_PHASE)
+  if (phase == PYAR_TEST_SKIP_PHASE) return true;
+#endif
   __syncthreads();  // the block's earlier reads and writes precede the release
   int arrived = 1;
   if (threadIdx.x < W) {
@@ -153,9 +170,7 @@ struct BlockEpoch {
 
 template <int W>
 PYAR_DEVICE void exit_barrier(const CommState &s, uint32_t epoch, const CallInfo &info) {
-#ifndef PYAR_TEST_SKIP_EXIT_BARRIER
   barrier<W>(s, kEnd, epoch, info);
-#endif
 }
 
 }  // namespace pyar

@@ -48,19 +48,14 @@ def _unavailable(reason):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def kernels_without_exit_barrier(tmp_path_factory):
-    """A directory of src/kernels/allreduce.cu and allreduce_rmsnorm.cu built
-    for this GPU without the barrier after which peers stop reading a rank's
-    input (PYAR_TEST_SKIP_EXIT_BARRIER: one-shot and one-stage;
-    PYAR_TEST_SKIP_MID_BARRIER: two-stage), once per test session; pass it
-    as Communicator(kernels=...)."""
+def _build_control_kernels(tmp_path_factory, name, defines):
+    """A directory of src/kernels/allreduce.cu and allreduce_rmsnorm.cu built for this GPU
+    with the test-only ``defines``; pass it as Communicator(kernels=...)."""
     sys.path.insert(0, ROOT)
     import setup_kernels
 
     platform, arch = _device_platform_and_arch()
-    out_dir = tmp_path_factory.mktemp("control_kernels")
-    defines = ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER")
+    out_dir = tmp_path_factory.mktemp(name)
     env = None
     if platform == "cuda":
         compiler = setup_kernels.find_nvcc()
@@ -75,9 +70,9 @@ def kernels_without_exit_barrier(tmp_path_factory):
         command, suffix = setup_kernels.hipcc_command, ".hsaco"
         env = setup_kernels.hip_environment()
     builds = []
-    for name in ("allreduce", "allreduce_rmsnorm"):
-        source = os.path.join(ROOT, "src", "kernels", name + ".cu")
-        output = str(out_dir / (name + suffix))
+    for kernel in ("allreduce", "allreduce_rmsnorm"):
+        source = os.path.join(ROOT, "src", "kernels", kernel + ".cu")
+        output = str(out_dir / (kernel + suffix))
         line = command(compiler, source, output, (arch,), defines)
         builds.append((line, output, subprocess.Popen(
             line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)))
@@ -86,3 +81,20 @@ def kernels_without_exit_barrier(tmp_path_factory):
         assert process.returncode == 0, f"{' '.join(line)}\n{log}"
         assert os.path.getsize(output) > 0
     return str(out_dir)
+
+
+@pytest.fixture(scope="session")
+def kernels_without_exit_barrier(tmp_path_factory):
+    """The kernels without the barrier after which peers stop reading a rank's input
+    (PYAR_TEST_SKIP_EXIT_BARRIER: one-shot and one-stage; PYAR_TEST_SKIP_MID_BARRIER:
+    two-stage), once per test session."""
+    return _build_control_kernels(tmp_path_factory, "control_kernels",
+                                  ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER"))
+
+
+@pytest.fixture(scope="session")
+def kernels_without_start_barrier(tmp_path_factory):
+    """The kernels without the start barrier (PYAR_TEST_SKIP_PHASE=kStart), once per test
+    session."""
+    return _build_control_kernels(tmp_path_factory, "start_control_kernels",
+                                  ("PYAR_TEST_SKIP_PHASE=kStart",))

@@ -19,12 +19,22 @@ WORLDS = [2, 3, 4, 8]
 
 # --- correctness ------------------------------------------------------------------
 
+# Across the epoch wrap: a test hook (allreduce_common.start_epochs_at, the runtime's
+# memcpy into each rank's Signal area between calls) starts every block's epoch a few
+# calls before 2**32, so the scenario's barriers compare epochs across the wrap.
+WRAP = [False, True]
+WRAP_IDS = ["epochs-from-zero", "across-epoch-wrap"]
+
+
+@pytest.mark.parametrize("wrap", WRAP, ids=WRAP_IDS)
 @pytest.mark.parametrize("world", WORLDS)
-def test_probe_all_ones(world):
+def test_probe_all_ones(world, wrap):
     """Every rank's input is all ones -> every element of every call equals
     the world size exactly: 50 calls per (dtype, algo, size), sizes 1, 7, 4095,
-    2**20 + 3, each into an output poisoned with NaN just before."""
-    rows = rows_of(scenario("allreduce_probe", world), "probe")
+    2**20 + 3, each into an output poisoned with NaN just before; with ``wrap``
+    each size starts 25 calls before the epochs reach 2**32."""
+    args, test = (("wrap",), "probe-wrap") if wrap else ((), "probe")
+    rows = rows_of(scenario("allreduce_probe", world, *args), test)
     assert {(r["dtype"], r["algo"]) for r in rows} == {
         (d, a) for d in ("float32", "float16", "bfloat16") for a in ("oneshot", "twoshot")}
     for row in rows:
@@ -51,16 +61,19 @@ def test_random_inputs(world):
             assert row[key] == 0, (key, row)
 
 
+@pytest.mark.parametrize("wrap", WRAP, ids=WRAP_IDS)
 @pytest.mark.parametrize("world", WORLDS)
-def test_adversarial_write_after_read(world):
+def test_adversarial_write_after_read(world, wrap):
     """The seeds' bug provoked: 1000 calls per (dtype, algo, variant), queued
     50 at a time with no host sync; every caller overwrites its input with NaN
     right after each call while random ranks are delayed or disturbed; staged
-    and registered inputs.  Zero mismatches."""
-    rows = rows_of(scenario("allreduce_adversarial", world, "main", timeout=420),
-                   "adversarial")
+    and registered inputs.  Zero mismatches.  With ``wrap``: fp32 only, each
+    (algo, variant) starting 300 calls before the epochs reach 2**32."""
+    mode, test = ("wrap", "adversarial-wrap") if wrap else ("main", "adversarial")
+    rows = rows_of(scenario("allreduce_adversarial", world, mode, timeout=420), test)
+    dtypes = ("float32",) if wrap else ("float32", "float16", "bfloat16")
     assert {(r["dtype"], r["algo"], r["variant"]) for r in rows} == {
-        (d, a, v) for d in ("float32", "float16", "bfloat16") for a in ("oneshot", "twoshot")
+        (d, a, v) for d in dtypes for a in ("oneshot", "twoshot")
         for v in ("staged", "registered")}
     for row in rows:
         assert row["calls"] >= 1000, row
@@ -94,6 +107,22 @@ def test_positive_control_detects_missing_exit_barrier(world, kernels_without_ex
         f"the adversarial scenario saw no wrong result in {total['calls']} one-shot calls "
         f"without the exit barrier on {world} ranks ({total['timeouts']} timeouts): it cannot "
         f"detect the bug it exists for\n{tried}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_positive_control_detects_missing_start_barrier(world, kernels_without_start_barrier):
+    """Kernels built without the start barrier (PYAR_TEST_SKIP_PHASE=kStart),
+    staged inputs, the last rank delayed before every call: its copy into its
+    scratch lands after the peers' kernels read that scratch, and they sum the
+    previous call's input.  One-shot and two-shot must both show wrong
+    results -- proof that the start barrier is what keeps them out."""
+    rows = rows_of(scenario("allreduce_adversarial", world, "control-start",
+                            kernels_without_start_barrier, timeout=420), "control-start")
+    assert {r["algo"] for r in rows} == {"oneshot", "twoshot"}, rows
+    for row in rows:
+        assert row["mismatches"] > 0, (
+            f"no wrong result in {row['calls']} {row['algo']} calls without the start barrier "
+            f"on {world} ranks ({row['timeouts']} timeouts): the control cannot see it\n{rows}")
 
 
 # --- failures are reported, never hang ----------------------------------------------

@@ -32,19 +32,37 @@ def test_fused_random(world):
     assert bad["raised"] == bad["cases"], bad
 
 
+@pytest.mark.parametrize("wrap", [False, True], ids=["epochs-from-zero", "across-epoch-wrap"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_fused_adversarial_write_after_read(world):
+def test_fused_adversarial_write_after_read(world, wrap):
     """1000 calls per (variant, staged/registered), queued 50 at a time; every
     caller overwrites its input with NaN right after each call while random
     ranks are delayed or disturbed; every output (y, residual_out, FP8 codes,
-    scales) bit for bit as in an undisturbed run."""
-    rows = rows_of(scenario("rmsnorm_fused", world, "adversarial", timeout=420),
-                   "fused-adversarial")
+    scales) bit for bit as in an undisturbed run.  With ``wrap`` every
+    (variant, input) starts 300 calls before the epochs reach 2**32 (a test
+    hook: allreduce_common.start_epochs_at)."""
+    mode, test = ("wrap", "fused-adversarial-wrap") if wrap else (
+        "adversarial", "fused-adversarial")
+    rows = rows_of(scenario("rmsnorm_fused", world, mode, timeout=420), test)
     assert {(r["algo"], r["variant"]) for r in rows} == {
         (a, v) for a in ("onestage", "twostage") for v in ("staged", "registered")}
     for row in rows:
         assert row["calls"] >= 1000, row
         assert row["mismatches"] == 0, row
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_fused_positive_control_start_barrier(world, kernels_without_start_barrier):
+    """Kernels built without the start barrier, staged inputs, the last rank
+    delayed before every call: the peers read its scratch before its copy
+    lands, and both variants must show wrong outputs."""
+    rows = rows_of(scenario("rmsnorm_fused", world, "control-start",
+                            kernels_without_start_barrier, timeout=420), "fused-control-start")
+    assert {r["algo"] for r in rows} == {"onestage", "twostage"}
+    for row in rows:
+        assert row["mismatches"] > 0, (
+            f"{row['algo']} without its start barrier gave no wrong output in {row['calls']} "
+            f"calls on {world} ranks: the control cannot see it\n{row}")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -32,7 +32,21 @@ Modes:
                     communicator.  Reports mismatches and timeouts; never
                     fails for them (the test asserts that wrong sums showed).
 
-Usage: allreduce_adversarial.py main | control PATH
+  wrap              main's calls, fp32 only, each (algo, variant) starting with
+                    the epochs WRAP_BEFORE calls before 2**32 (start_epochs_at):
+                    every block crosses the 32-bit wrap under the adversarial load.
+  control-start PATH
+                    the start barrier's positive control: staged inputs, one-shot
+                    and two-shot, on a Communicator whose code object PATH was
+                    built without the start barrier (PYAR_TEST_SKIP_PHASE=kStart).
+                    The last rank spins before every call, so its copy of the
+                    input into its scratch lands late while the peers' kernels,
+                    no longer waiting for it, already read that scratch (still the
+                    previous call's input).  Runs until it sees wrong results,
+                    within a call and time budget; reports them, never fails for
+                    them (the test asserts that wrong sums showed).
+
+Usage: allreduce_adversarial.py main | wrap | control PATH | control-start PATH
 """
 import time
 
@@ -43,6 +57,7 @@ import pyar
 from pyar import _hip
 from allreduce_common import (
     ALGOS, DTYPES, NAN_WORD, bits, describe_difference, exact_sum, rng, run, small_integers,
+    start_epochs_at,
 )
 from tests.gpu_kernels import GpuTestKernels
 
@@ -78,6 +93,8 @@ CONTROL_LEVELS = (
 CONTROL_CALLS = 1000    # per (level, dtype, variant), ending at the first mismatch
 CONTROL_SECONDS = 150   # overall budget of the control
 CONTROL_TIMEOUT = 1.0   # seconds; legitimate waits here last well under a millisecond
+WRAP_BEFORE = 300       # wrap mode: calls before the epochs reach 2**32
+START_DELAY_US = 300    # control-start: the last rank's delay before each call
 
 
 class Workload:
@@ -166,15 +183,17 @@ def setup(sc, kernels_path=None, timeout=60.0):
     return comm, kernels, streams
 
 
-def main_mode(sc):
+def main_mode(sc, wrap=False):
     comm, kernels, streams = setup(sc)
     variants = ("staged", "registered")
     keep = []
-    for d, dtype in enumerate(DTYPES):
+    for d, dtype in enumerate(DTYPES[:1] if wrap else DTYPES):
         work = Workload(sc, comm, kernels, streams, dtype, MAIN_LEVEL, (d, 0), variants)
         keep.append(work.inputs["registered"])
         for algo in ALGOS:
             for variant in variants:
+                if wrap:
+                    start_epochs_at(comm, 2**32 - WRAP_BEFORE)
                 wrong = calls = 0
                 started = time.monotonic()
                 for _ in range(CALLS // K):
@@ -182,7 +201,7 @@ def main_mode(sc):
                     calls += K
                 sc.check(wrong == 0, f"{dtype.name} {algo} {variant}: {wrong} of {calls} "
                                      "results were wrong")
-                sc.report(test="adversarial", algo=algo, dtype=dtype.name, variant=variant,
+                sc.report(test="adversarial-wrap" if wrap else "adversarial", algo=algo, dtype=dtype.name, variant=variant,
                           calls=calls, mismatches=sc.sum(wrong),
                           seconds=round(sc.max(time.monotonic() - started), 2),
                           **MAIN_LEVEL.describe())
@@ -245,14 +264,42 @@ def control_mode(sc, kernels_path):
     keep.clear()
 
 
+def control_start_mode(sc, kernels_path):
+    """A staged input copied late on the last rank, against kernels without the start
+    barrier: the peers sum what that rank's scratch held before (the previous call's input)."""
+    comm, kernels, streams = setup(sc, kernels_path, timeout=CONTROL_TIMEOUT)
+    late = sc.rank == sc.world - 1
+    level = Level(1 << 20, 1.0 if late else 0.0, START_DELAY_US, 0.0, 0, 1)
+    work = Workload(sc, comm, kernels, streams, DTYPES[0], level, (0, 20), ("staged",))
+    started = time.monotonic()
+    for algo in ALGOS:
+        calls = found = broken = 0
+        while calls < CONTROL_CALLS and not found:
+            wrong, timed_out = work.round(algo, "staged", tolerate_timeout=True)
+            calls += K
+            found += sc.sum(wrong)
+            broken += sc.any(timed_out)
+            if broken or sc.max(time.monotonic() - started) > CONTROL_SECONDS:
+                break
+        sc.report(test="control-start", algo=algo, dtype=DTYPES[0].name, variant="staged",
+                  calls=calls, mismatches=found, timeouts=broken, late_rank=sc.world - 1,
+                  delay_us=START_DELAY_US, seconds=round(sc.max(time.monotonic() - started), 2))
+        if broken:
+            break  # a timed-out communicator refuses further calls
+    comm.close()
+
+
 def main(sc):
     mode = sc.argv[0] if sc.argv else "main"
-    if mode == "main":
-        main_mode(sc)
+    if mode in ("main", "wrap"):
+        main_mode(sc, wrap=mode == "wrap")
     elif mode == "control":
         control_mode(sc, sc.argv[1])
+    elif mode == "control-start":
+        control_start_mode(sc, sc.argv[1])
     else:
-        raise SystemExit(f"unknown mode {mode!r}: main | control PATH")
+        raise SystemExit(f"unknown mode {mode!r}: main | wrap | control PATH | "
+                         "control-start PATH")
 
 
 if __name__ == "__main__":

@@ -167,3 +167,27 @@ def poison(array, stream):
     from pyar import _hip
     if array.nbytes:
         _hip.memset(array.ptr, NAN_BYTE, array.nbytes, stream)
+
+
+def start_epochs_at(comm, epoch):
+    """Test hook (collective, between calls): every block's epoch in this rank's Signal,
+    and every flag slot of it, is set to ``epoch`` on every rank, as if that many calls had
+    run -- so that a scenario crosses the 32-bit wrap of the epochs within a few calls.
+
+    Writes the Signal area of the communicator's buffer (src/kernels/pyar_protocol.h:
+    ``flags[phases][max_blocks][max_ranks]`` then ``epoch[max_blocks]``, uint32) with the
+    runtime's memcpy, after every rank's calls have finished and before any rank's next
+    call (peers store into this rank's flags)."""
+    from pyar import _hip
+    lay = comm._layout
+    words = lay.signal_bytes // 4
+    phases, rest = divmod(words // lay.max_blocks - 1, lay.max_ranks)
+    if rest or words % lay.max_blocks or phases != 3:
+        raise AssertionError(f"unexpected Signal layout: {lay.signal_bytes} bytes for "
+                             f"{lay.max_blocks} blocks and {lay.max_ranks} ranks")
+    comm.synchronize()
+    _hip.device_synchronize()
+    comm._node.Barrier()
+    _hip.memcpy_htod(comm._buffer.ptr, np.full(words, epoch, np.uint32))
+    _hip.device_synchronize()
+    comm._node.Barrier()

@@ -7,13 +7,18 @@ stream into distinct outputs that were overwritten with NaN just before the
 call (so a call that wrote nothing, or only part, cannot pass on a previous
 call's result).  The input must be unchanged afterwards.
 
-Usage: allreduce_probe.py
+With ``wrap``, every size starts with the epochs CALLS // 2 calls before 2**32
+(start_epochs_at), so every block that size uses crosses the 32-bit wrap.
+
+Usage: allreduce_probe.py [wrap]
 """
 import numpy as np
 from mpi4py import MPI
 
 import pyar
-from allreduce_common import ALGOS, DTYPES, bits, describe_difference, poison, run
+from allreduce_common import (
+    ALGOS, DTYPES, bits, describe_difference, poison, run, start_epochs_at,
+)
 
 SIZES = (1, 7, 4095, (1 << 20) + 3)
 CALLS = 50
@@ -21,6 +26,7 @@ BATCH = 10
 
 
 def main(sc):
+    wrap = sc.argv == ["wrap"]
     with pyar.Communicator(MPI.COMM_WORLD, timeout=60.0) as comm:
         stream = pyar.Stream()
         for dtype in DTYPES:
@@ -31,6 +37,8 @@ def main(sc):
                     x = pyar.asarray(ones, stream=stream)
                     outs = [pyar.empty((n,), dtype, stream=stream) for _ in range(BATCH)]
                     want = np.full(n, sc.world, dtype)
+                    if wrap:
+                        start_epochs_at(comm, 2**32 - CALLS // 2)
                     for _ in range(CALLS // BATCH):
                         for y in outs:
                             poison(y, stream)
@@ -47,8 +55,8 @@ def main(sc):
                     sc.check(np.array_equal(bits(x.get(stream=stream)), bits(ones)),
                              f"probe {dtype.name} {algo} n={n}: the input changed")
                 total = sc.sum(mismatches)
-                sc.report(test="probe", algo=algo, dtype=dtype.name, calls=calls,
-                          mismatches=total, sizes=list(SIZES))
+                sc.report(test="probe-wrap" if wrap else "probe", algo=algo,
+                          dtype=dtype.name, calls=calls, mismatches=total, sizes=list(SIZES))
 
 
 if __name__ == "__main__":

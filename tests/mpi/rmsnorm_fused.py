@@ -18,9 +18,17 @@ Modes:
                 each call while random ranks are delayed or disturbed; staged
                 and registered inputs; every output (y, residual_out, FP8 codes
                 and scales) compared bit for bit with an undisturbed run.
+  wrap          adversarial, each (variant, input) starting with the epochs
+                WRAP_BEFORE calls before 2**32 (start_epochs_at): every block
+                crosses the 32-bit wrap under the adversarial load.
   control PATH  The same against kernels built without the barrier each
                 variant relies on (one-stage: exit, two-stage: mid); runs until
                 it sees wrong outputs, within a budget; reports, never fails.
+  control-start PATH
+                The start barrier's control: kernels built without it
+                (PYAR_TEST_SKIP_PHASE=kStart), staged inputs, the last rank
+                delayed before every call, so its copy into its scratch lands
+                after the peers read that scratch; reports, never fails.
   serve         A server's decode loop: graphs captured per (token count,
                 hidden) on first use, token counts drawn from 1..256, hidden
                 4096 and 7168, CALLS calls replayed with fresh inputs and a
@@ -38,7 +46,9 @@ from mpi4py import MPI
 import pyar
 from pyar import _hip, quant
 from pyar.quant._common import half_ulp
-from allreduce_common import DTYPES, NAN_WORD, bits, normal, rng, run, small_integers
+from allreduce_common import (
+    DTYPES, NAN_WORD, bits, normal, rng, run, small_integers, start_epochs_at,
+)
 from tests.gpu_kernels import GpuTestKernels
 
 VARIANTS = ("onestage", "twostage")
@@ -276,6 +286,7 @@ ADVERSARIAL_CALLS = 1000
 ADVERSARIAL_SHAPE = (128, 4096)   # 1 MiB of bf16 per call: a long read window
 CONTROL_SECONDS = 120
 CONTROL_CALLS = 3000
+WRAP_BEFORE = 300
 
 
 class Level:
@@ -388,7 +399,7 @@ class FusedWorkload:
         return wrong, False
 
 
-def adversarial_mode(sc):
+def adversarial_mode(sc, wrap=False):
     comm, kernels, streams = setup(sc, timeout=60.0)
     bf16 = np.dtype(ml_dtypes.bfloat16)
     keep = []
@@ -397,13 +408,16 @@ def adversarial_mode(sc):
             work = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group",
                                  (a, registered), registered, MAIN_LEVEL)
             keep.append(work.xs)
+            if wrap:
+                start_epochs_at(comm, 2**32 - WRAP_BEFORE)
             wrong = calls = 0
             started = time.monotonic()
             while calls < ADVERSARIAL_CALLS:
                 wrong += work.round()[0]
                 calls += K
             sc.check(wrong == 0, f"{algo}: {wrong} of {calls} calls gave wrong outputs")
-            sc.report(test="fused-adversarial", algo=algo, dtype=bf16.name,
+            sc.report(test="fused-adversarial-wrap" if wrap else "fused-adversarial",
+                      algo=algo, dtype=bf16.name,
                       variant="registered" if registered else "staged", calls=calls,
                       mismatches=sc.sum(wrong),
                       seconds=round(sc.max(time.monotonic() - started), 2))
@@ -412,17 +426,22 @@ def adversarial_mode(sc):
     keep.clear()
 
 
-def control_mode(sc, kernels_path):
+def control_mode(sc, kernels_path, start=False):
+    """Registered inputs under CONTROL_LEVEL; with ``start``, staged inputs and only the
+    last rank delayed, before every call."""
     bf16 = np.dtype(ml_dtypes.bfloat16)
+    late = sc.rank == sc.world - 1
+    level = Level(1.0 if late else 0.0, 300, 0.0, 0, 1) if start else CONTROL_LEVEL
+    registered = not start
     for a, algo in enumerate(VARIANTS):
         key = (10 + a, 1)
         comm, kernels, streams = setup(sc, timeout=60.0)
         expected = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group", key,
-                                 True, CONTROL_LEVEL).expected
+                                 registered, level).expected
         comm.close()
         comm, kernels, streams = setup(sc, timeout=1.0, kernels=kernels_path)
         work = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group", key,
-                             True, CONTROL_LEVEL, expected)
+                             registered, level, expected)
         started = time.monotonic()
         calls = found = timeouts = 0
         while calls < CONTROL_CALLS and time.monotonic() - started < CONTROL_SECONDS:
@@ -434,7 +453,8 @@ def control_mode(sc, kernels_path):
                 break  # this communicator refuses further calls
             if found:
                 break
-        sc.report(test="fused-control", algo=algo, dtype=bf16.name, variant="registered",
+        sc.report(test="fused-control-start" if start else "fused-control", algo=algo,
+                  dtype=bf16.name, variant="registered" if registered else "staged",
                   calls=calls, mismatches=found, timeouts=timeouts,
                   seconds=round(sc.max(time.monotonic() - started), 2))
         del work
@@ -577,14 +597,15 @@ def main(sc):
     mode = sc.argv[0] if sc.argv else "random"
     if mode == "random":
         random_mode(sc)
-    elif mode == "adversarial":
-        adversarial_mode(sc)
-    elif mode == "control":
-        control_mode(sc, sc.argv[1])
+    elif mode in ("adversarial", "wrap"):
+        adversarial_mode(sc, wrap=mode == "wrap")
+    elif mode in ("control", "control-start"):
+        control_mode(sc, sc.argv[1], start=mode == "control-start")
     elif mode == "serve":
         serve_mode(sc)
     else:
-        raise SystemExit(f"unknown mode {mode!r}: random | adversarial | control PATH | serve")
+        raise SystemExit(f"unknown mode {mode!r}: random | adversarial | wrap | control PATH | "
+                         "control-start PATH | serve")
 
 
 if __name__ == "__main__":

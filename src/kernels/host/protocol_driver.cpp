@@ -1,0 +1,480 @@
+// The collective kernels of src/kernels, built for the host
+// (-DPYAR_HOST_BUILD, see pyar_device_host.h), driven through the call
+// sequence of pyar/comm/communicator.py by WORLD ranks that are threads of
+// this process.  tests/test_protocol_host.py builds it (with and without
+// ThreadSanitizer, and with barriers left out) and runs it.
+//
+// Every rank owns what a Communicator allocates: one buffer holding the
+// Signal area, the staging scratch and the two-shot scratch (zeroed, the
+// peers' copies ordinary memory of the process), a CommState naming every
+// rank's buffer, the staged input table and the error record.  Each rank's
+// thread is its stream: per call it may be delayed (the GPU tests' spin
+// kernel), stages each chunk into its scratch or passes the registered
+// table, launches the kernel (host_grid.h: returns when every block has),
+// checks the result exactly, and at once overwrites its input with the next
+// call's -- the seeds' write-after-read pattern.  Inputs are integers in
+// [-8, 8], so every sum is exact in every dtype and any order.
+//
+// Usage: protocol_driver KERNEL WORLD [--option value ...]
+//   KERNEL     oneshot | twoshot | onestage | twostage
+//   --dtype    f32 | f16 | bf16                   (f32)
+//   --variant  staged | registered                (staged)
+//   --in-place 0 | 1   out is the input (all-reduce only)   (0)
+//   --calls N  back-to-back calls                 (40)
+//   --elements N   all-reduce elements per call   (3001)
+//   --tokens N --hidden N   fused rows per call    (40, 1024)
+//   --max-size BYTES   scratch per rank: larger calls go in chunks (1 MiB)
+//   --blocks N     the grid cap (Communicator._max_blocks)   (3)
+//   --epoch-start E    every block's epoch starts at E (and every flag holds it)
+//   --skip start | mid | exit   leave that barrier out (a mutation run)
+//   --absent R.C   rank R makes no call from its call C on (the peers time out)
+//   --reached unsigned   compare epochs as plain unsigned numbers (not wrap-safe)
+//   --seed S --jitter ONE_IN --sleep-us US --delay-us US --timeout-ms MS
+// Prints one line of JSON; exits 0 when every result was exact and no call
+// timed out, 1 otherwise, 2 on bad usage.
+#include <stdint.h>
+
+namespace pyar {
+namespace host {
+// The barrier phase a mutation run leaves out (--skip), when the driver is
+// built with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase: one build serves
+// the clean runs and every mutation of the table.
+inline int skipped_phase = -1;
+// Whether barriers compare epochs without regard to the wrap (--reached
+// unsigned), with -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached.
+inline bool unsigned_reached = false;
+}  // namespace host
+}  // namespace pyar
+
+#include "allreduce.cu"
+#include "allreduce_rmsnorm.cu"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace host = pyar::host;
+using pyar::CommState;
+using pyar::InputTable;
+using pyar::Pack16;
+
+// --- the kernels, by their GPU names (hipModuleGetFunction) -------------------
+
+using AllreduceEntry = void (*)(const InputTable *, uint64_t, Pack16 *, const CommState *,
+                                uint64_t, uint64_t, uint32_t);
+using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16 *,
+                            const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *, uint32_t,
+                            float, uint32_t, uint32_t, const CommState *, uint64_t, uint32_t);
+
+#define PYAR_NAMED(entry) {#entry, reinterpret_cast<void *>(&entry)}
+#define PYAR_NAMED_WORLDS(prefix)                                                            \
+  PYAR_NAMED(prefix##_w2), PYAR_NAMED(prefix##_w3), PYAR_NAMED(prefix##_w4),                  \
+      PYAR_NAMED(prefix##_w5), PYAR_NAMED(prefix##_w6), PYAR_NAMED(prefix##_w7),              \
+      PYAR_NAMED(prefix##_w8)
+#define PYAR_NAMED_TYPES(prefix) \
+  PYAR_NAMED_WORLDS(prefix##_f32), PYAR_NAMED_WORLDS(prefix##_f16), PYAR_NAMED_WORLDS(prefix##_bf16)
+
+const std::map<std::string, void *> &entries() {
+  static const std::map<std::string, void *> table = {
+      PYAR_NAMED_TYPES(pyar_allreduce_one_shot),
+      PYAR_NAMED_TYPES(pyar_allreduce_two_shot),
+      PYAR_NAMED_TYPES(pyar_allreduce_rmsnorm_one_stage),
+      PYAR_NAMED_TYPES(pyar_allreduce_rmsnorm_two_stage),
+  };
+  return table;
+}
+
+[[noreturn]] void usage(const std::string &why) {
+  std::fprintf(stderr, "protocol_driver: %s\n", why.c_str());
+  std::exit(2);
+}
+
+void *entry(const std::string &name) {
+  auto found = entries().find(name);
+  if (found == entries().end()) usage("no kernel named " + name);
+  return found->second;
+}
+
+// --- options -----------------------------------------------------------------
+
+struct Options {
+  std::string kernel, dtype = "f32", variant = "staged";
+  uint32_t world = 0;
+  bool in_place = false;
+  uint32_t calls = 40;
+  uint64_t elements = 3001, tokens = 40;
+  uint32_t hidden = 1024;
+  uint64_t max_size = 1 << 20;
+  uint32_t blocks = 3;
+  bool set_epoch = false;
+  uint32_t epoch_start = 0;
+  uint64_t seed = 1;
+  uint32_t jitter = 0, sleep_us = 0, delay_us = 0;
+  uint32_t absent_rank = ~0u;
+  uint64_t absent_call = 0;
+  uint64_t timeout_ms = 60000;
+  int skip = -1;
+  bool unsigned_reached = false;
+
+  bool fused() const { return kernel == "onestage" || kernel == "twostage"; }
+  bool registered() const { return variant == "registered"; }
+};
+
+int phase(const std::string &name) {
+  if (name == "start") return pyar::kStart;
+  if (name == "mid") return pyar::kMid;
+  if (name == "exit") return pyar::kEnd;
+  usage("--skip is start, mid or exit, not " + name);
+}
+
+Options parse(int argc, char **argv) {
+  if (argc < 3) usage("usage: protocol_driver KERNEL WORLD [--option value ...]");
+  Options o;
+  o.kernel = argv[1];
+  o.world = uint32_t(std::stoul(argv[2]));
+  if (o.kernel != "oneshot" && o.kernel != "twoshot" && !o.fused())
+    usage("KERNEL is oneshot, twoshot, onestage or twostage, not " + o.kernel);
+  if (o.world < 2 || o.world > uint32_t(pyar::kMaxRanks)) usage("WORLD is 2..8");
+  for (int i = 3; i + 1 < argc + 1; i += 2) {
+    if (i + 1 >= argc) usage(std::string("no value after ") + argv[i]);
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--dtype") o.dtype = value;
+    else if (key == "--variant") o.variant = value;
+    else if (key == "--in-place") o.in_place = value == "1";
+    else if (key == "--calls") o.calls = uint32_t(std::stoul(value));
+    else if (key == "--elements") o.elements = std::stoull(value);
+    else if (key == "--tokens") o.tokens = std::stoull(value);
+    else if (key == "--hidden") o.hidden = uint32_t(std::stoul(value));
+    else if (key == "--max-size") o.max_size = std::stoull(value);
+    else if (key == "--blocks") o.blocks = uint32_t(std::stoul(value));
+    else if (key == "--epoch-start") o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
+    else if (key == "--skip") o.skip = phase(value);
+    else if (key == "--absent") {
+      const size_t dot = value.find('.');
+      if (dot == std::string::npos) usage("--absent is RANK.CALL");
+      o.absent_rank = uint32_t(std::stoul(value.substr(0, dot)));
+      o.absent_call = std::stoull(value.substr(dot + 1));
+    } else if (key == "--reached") o.unsigned_reached = value == "unsigned";
+    else if (key == "--seed") o.seed = std::stoull(value);
+    else if (key == "--jitter") o.jitter = uint32_t(std::stoul(value));
+    else if (key == "--sleep-us") o.sleep_us = uint32_t(std::stoul(value));
+    else if (key == "--delay-us") o.delay_us = uint32_t(std::stoul(value));
+    else if (key == "--timeout-ms") o.timeout_ms = std::stoull(value);
+    else usage("unknown option " + key);
+  }
+  if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16") usage("--dtype is f32, f16 or bf16");
+  if (o.variant != "staged" && !o.registered()) usage("--variant is staged or registered");
+  if (o.in_place && o.fused()) usage("--in-place is for the all-reduce kernels");
+  // Communicator._plan: one-shot writes its output while peers read its input.
+  if (o.in_place && o.registered() && o.kernel == "oneshot")
+    usage("one-shot cannot write in place over a registered input");
+  if (o.max_size % sizeof(Pack16) || o.max_size == 0) usage("--max-size is a multiple of 16");
+  if (o.blocks == 0 || o.blocks > uint32_t(pyar::kMaxBlocks)) usage("--blocks is 1..256");
+  return o;
+}
+
+// --- data --------------------------------------------------------------------
+
+// An integer in [-8, 8] for (rank, call, element): every rank can compute
+// every peer's input, so each checks its own result without reading theirs.
+int pattern(uint64_t seed, uint32_t rank, uint64_t call, uint64_t i) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t(rank) << 56) + (call << 36) + i;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return int((z ^ (z >> 31)) % 17) - 8;
+}
+
+template <typename T>
+T element(float v) { return pyar::Element<T>::from_float(v); }
+template <typename T>
+float value(T e) { return pyar::Element<T>::to_float(e); }
+
+// 16-byte aligned, zeroed memory of `bytes` (rounded up to whole packs).
+struct Memory {
+  std::vector<Pack16> packs;
+  explicit Memory(uint64_t bytes = 0) : packs((bytes + 15) / 16, Pack16{}) {}
+  template <typename T>
+  T *as() { return reinterpret_cast<T *>(packs.data()); }
+  Pack16 *data() { return packs.data(); }
+};
+
+struct Rank {
+  uint32_t rank = 0;
+  Memory buffer;  // Signal area | staging scratch | two-shot scratch
+  CommState state{};
+  InputTable staged{}, registered{};
+  uint32_t error[2 + pyar::kMaxRanks] = {};
+  Memory x, out, residual, y, weight;
+  uint32_t call = 0;  // the host's sequence number (Communicator._next_call)
+  uint64_t mismatches = 0, timeouts = 0, chunks = 0;
+  uint32_t missing = 0;  // bit r: rank r never arrived, by the error record
+  uint32_t timed_out_call = 0;
+  std::string first_mismatch;
+
+  pyar::Signal *signal() { return reinterpret_cast<pyar::Signal *>(buffer.data()); }
+  Pack16 *scratch() { return buffer.data() + sizeof(pyar::Signal) / 16; }
+};
+
+// --- one rank's stream ---------------------------------------------------------
+
+struct Run {
+  Options o;
+  std::vector<Rank> ranks;
+  uint64_t timeout_ns;
+
+  explicit Run(const Options &options) : o(options), ranks(options.world) {
+    static_assert(sizeof(pyar::Signal) % 16 == 0, "the scratch follows the Signal area");
+    timeout_ns = o.timeout_ms * 1000000ull;
+    for (uint32_t r = 0; r < o.world; ++r) {
+      Rank &k = ranks[r];
+      k.rank = r;
+      k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size);
+      if (o.set_epoch) start_epochs(k.signal(), o.epoch_start);
+    }
+    for (uint32_t r = 0; r < o.world; ++r) {
+      Rank &k = ranks[r];
+      for (uint32_t p = 0; p < o.world; ++p) {
+        Rank &peer = ranks[p];
+        k.state.signals[p] = peer.signal();
+        k.state.partial[p] = peer.scratch() + o.max_size / 16;
+        k.staged.ptr[p] = peer.scratch();
+      }
+      k.state.error = k.error;
+      k.state.rank = r;
+      k.state.world = o.world;
+    }
+  }
+
+  // The test hook of epoch wrap: as if this many calls had run already.
+  static void start_epochs(pyar::Signal *s, uint32_t epoch) {
+    for (int b = 0; b < pyar::kMaxBlocks; ++b) {
+      s->epoch[b] = epoch;
+      for (int p = 0; p < pyar::kPhases; ++p)
+        for (int r = 0; r < pyar::kMaxRanks; ++r) s->flags[p][b][r] = epoch;
+    }
+  }
+
+  void delay(std::mt19937_64 &random) {
+    if (o.delay_us && random() % 3 == 0) host::sleep_us(uint32_t(random() % o.delay_us));
+  }
+
+  // Communicator._chunk_input: the registered table in place, or the chunk
+  // staged into this rank's scratch (named by the staged table everywhere).
+  std::pair<const InputTable *, uint64_t> chunk_input(Rank &k, uint64_t offset, uint64_t nbytes) {
+    if (o.registered()) return {&k.registered, offset / 16};
+    std::memcpy(k.scratch(), k.x.as<char>() + offset, nbytes);
+    return {&k.staged, 0};
+  }
+
+  // Communicator._check_timeout: the error record the kernel left.
+  bool record_timeout(Rank &k) {
+    if (!k.error[0]) return false;
+    ++k.timeouts;
+    for (uint32_t r = 0; r < o.world; ++r) k.missing |= (k.error[1 + r] ? 1u : 0u) << r;
+    k.timed_out_call = k.error[1 + pyar::kMaxRanks];
+    return true;
+  }
+
+  bool absent(const Rank &k, uint64_t call) const {
+    return k.rank == o.absent_rank && call >= o.absent_call;
+  }
+
+  void mismatch(Rank &k, uint64_t call, uint64_t i, float got, float want) {
+    if (k.mismatches++ == 0) {
+      char text[160];
+      std::snprintf(text, sizeof text, "rank %u call %llu element %llu: got %g, want %g", k.rank,
+                    (unsigned long long)call, (unsigned long long)i, got, want);
+      k.first_mismatch = text;
+    }
+  }
+
+  template <typename T>
+  void fill_input(Rank &k, uint64_t call, uint64_t n) {
+    T *x = k.x.as<T>();
+    for (uint64_t i = 0; i < n; ++i) x[i] = element<T>(float(pattern(o.seed, k.rank, call, i)));
+  }
+
+  template <typename T>
+  float exact_sum(uint64_t call, uint64_t i) {
+    int total = 0;
+    for (uint32_t r = 0; r < o.world; ++r) total += pattern(o.seed, r, call, i);
+    return float(total);
+  }
+
+  // --- all-reduce: Communicator._launch ---
+  template <typename T>
+  void allreduce_rank(Rank &k) {
+    const uint64_t n = o.elements;
+    const auto kernel = reinterpret_cast<AllreduceEntry>(entry(name<T>()));
+    const uint64_t lanes = 16 / sizeof(T), chunk = o.max_size / sizeof(T);
+    std::mt19937_64 random(o.seed * 7919u + k.rank);
+    T *x = k.x.as<T>();
+    T *out = o.in_place ? x : k.out.as<T>();
+    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
+      delay(random);
+      for (uint64_t first = 0; first < n; first += chunk) {
+        const uint64_t count = std::min(chunk, n - first);
+        const auto [table, in_offset] = chunk_input(k, first * sizeof(T), count * sizeof(T));
+        const uint64_t packs = count / lanes;
+        const uint64_t work = o.kernel == "oneshot" ? packs : (packs + o.world - 1) / o.world;
+        const uint32_t blocks =
+            uint32_t(std::min<uint64_t>(o.blocks, std::max<uint64_t>(1, (work + pyar::kThreads - 1) / pyar::kThreads)));
+        const uint32_t call = k.call++;
+        Pack16 *dst = reinterpret_cast<Pack16 *>(out + first);
+        host::launch(blocks, pyar::kThreads, [&] {
+          kernel(table, in_offset, dst, &k.state, count, timeout_ns, call);
+        });
+        ++k.chunks;
+      }
+      if (record_timeout(k)) return;  // the host raises CollectiveTimeout
+      for (uint64_t i = 0; i < n; ++i) {
+        const float want = exact_sum<T>(c, i);
+        if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
+      }
+      fill_input<T>(k, c + 1, n);  // the caller reuses its input at once
+    }
+  }
+
+  // --- fused all-reduce + RMSNorm: Communicator._launch_rmsnorm ---
+  // Inputs x and residual are integers, the weight multiples of 1/4: the
+  // residual output r = sum(x) + residual is exact, y = rmsnorm(r) * weight
+  // is checked against float64 with the dtype's tolerance.
+  template <typename T>
+  void fused_rank(Rank &k) {
+    const uint64_t tokens = o.tokens, hidden = o.hidden, n = tokens * hidden;
+    const auto kernel = reinterpret_cast<FusedEntry>(entry(name<T>()));
+    const uint64_t row_bytes = hidden * sizeof(T), chunk = o.max_size / row_bytes;
+    const float eps = 1e-6f;
+    const double tolerance = sizeof(T) == 4 ? 1e-5 : o.dtype == "f16" ? 2e-3 : 1.6e-2;
+    std::mt19937_64 random(o.seed * 7919u + k.rank);
+    T *residual = k.residual.as<T>(), *y = k.y.as<T>(), *weight = k.weight.as<T>();
+    for (uint64_t j = 0; j < hidden; ++j) weight[j] = element<T>(float(1 + j % 5) / 4.f);
+    std::vector<double> r(hidden);
+    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
+      for (uint64_t i = 0; i < n; ++i)
+        residual[i] = element<T>(float(pattern(o.seed + 1, 0, c, i)));  // in place: reset
+      delay(random);
+      for (uint64_t first = 0; first < tokens; first += chunk) {
+        const uint64_t count = std::min(chunk, tokens - first);
+        const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
+        const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, count));
+        const uint32_t call = k.call++;
+        Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
+        Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
+        host::launch(blocks, pyar::kThreads, [&] {
+          kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
+                 uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
+                 call);
+        });
+        ++k.chunks;
+      }
+      if (record_timeout(k)) return;
+      for (uint64_t t = 0; t < tokens; ++t) {
+        double squares = 0;
+        for (uint64_t j = 0; j < hidden; ++j) {
+          const uint64_t i = t * hidden + j;
+          r[j] = exact_sum<T>(c, i) + pattern(o.seed + 1, 0, c, i);
+          squares += r[j] * r[j];
+          if (value<T>(residual[i]) != float(r[j])) mismatch(k, c, i, value<T>(residual[i]), float(r[j]));
+        }
+        const double inv_rms = 1.0 / std::sqrt(squares / double(hidden) + eps);
+        for (uint64_t j = 0; j < hidden; ++j) {
+          const uint64_t i = t * hidden + j;
+          const double want = r[j] * inv_rms * value<T>(weight[j]);
+          const double got = value<T>(y[i]);
+          if (!(std::fabs(got - want) <= tolerance * std::fabs(want) + 1e-6))
+            mismatch(k, c, i, float(got), float(want));
+        }
+      }
+      fill_input<T>(k, c + 1, n);  // the caller reuses its input at once
+    }
+  }
+
+  template <typename T>
+  std::string name() const {
+    static const std::map<std::string, std::string> kernels = {
+        {"oneshot", "pyar_allreduce_one_shot"},
+        {"twoshot", "pyar_allreduce_two_shot"},
+        {"onestage", "pyar_allreduce_rmsnorm_one_stage"},
+        {"twostage", "pyar_allreduce_rmsnorm_two_stage"}};
+    return kernels.at(o.kernel) + "_" + o.dtype + "_w" + std::to_string(o.world);
+  }
+
+  template <typename T>
+  void run() {
+    const uint64_t n = o.fused() ? o.tokens * o.hidden : o.elements;
+    if (o.fused() && (o.hidden * sizeof(T)) % 16) usage("a row is whole 16-byte packs");
+    if (o.fused() && o.hidden * sizeof(T) > o.max_size) usage("a row must fit --max-size");
+    for (Rank &k : ranks) {
+      k.x = Memory(n * sizeof(T));
+      k.out = Memory(n * sizeof(T));
+      k.residual = Memory(n * sizeof(T));
+      k.y = Memory(n * sizeof(T));
+      k.weight = Memory(o.hidden * sizeof(T));
+      fill_input<T>(k, 0, n);
+    }
+    for (uint32_t r = 0; r < o.world; ++r)
+      for (uint32_t p = 0; p < o.world; ++p) ranks[r].registered.ptr[p] = ranks[p].x.data();
+    std::vector<std::thread> streams;
+    for (Rank &k : ranks)
+      streams.emplace_back([this, &k] { o.fused() ? fused_rank<T>(k) : allreduce_rank<T>(k); });
+    for (std::thread &t : streams) t.join();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  const Options o = parse(argc, argv);
+  host::Jitter &j = host::jitter_settings();
+  j.one_in = o.jitter;
+  j.max_sleep_us = o.sleep_us;
+  j.seed = o.seed;
+#if defined(PYAR_TEST_SKIP_PHASE)
+  host::skipped_phase = o.skip;
+#else
+  if (o.skip >= 0) usage("--skip needs a build with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase");
+#endif
+#if defined(PYAR_TEST_REACHED_UNSIGNED)
+  host::unsigned_reached = o.unsigned_reached;
+#else
+  if (o.unsigned_reached) usage("--reached needs -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached");
+#endif
+  Run run(o);
+  const auto started = std::chrono::steady_clock::now();
+  if (o.dtype == "f32") run.run<float>();
+  else if (o.dtype == "f16") run.run<__half>();
+  else run.run<pyar::bf16_bits>();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  uint64_t mismatches = 0, timeouts = 0, chunks = 0;
+  std::string first, missing, timed_out_calls;
+  uint32_t never_arrived = 0;
+  for (const Rank &k : run.ranks) {
+    never_arrived |= k.missing;
+    if (k.timeouts)
+      timed_out_calls += (timed_out_calls.empty() ? "" : ", ") + std::to_string(k.timed_out_call);
+    mismatches += k.mismatches;
+    timeouts += k.timeouts;
+    chunks += k.chunks;
+    if (first.empty()) first = k.first_mismatch;
+  }
+  for (uint32_t r = 0; r < o.world; ++r)
+    if (never_arrived >> r & 1u) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  std::printf(
+      "{\"kernel\": \"%s\", \"world\": %u, \"dtype\": \"%s\", \"variant\": \"%s\", "
+      "\"in_place\": %s, \"calls\": %u, \"launches\": %llu, \"mismatches\": %llu, "
+      "\"timeouts\": %llu, \"missing\": [%s], \"timed_out_calls\": [%s], \"seconds\": %.2f, "
+      "\"first_mismatch\": \"%s\"}\n",
+      o.kernel.c_str(), o.world, o.dtype.c_str(), o.variant.c_str(),
+      o.in_place ? "true" : "false", o.calls, (unsigned long long)chunks,
+      (unsigned long long)mismatches, (unsigned long long)timeouts, missing.c_str(), timed_out_calls.c_str(), seconds,
+      first.c_str());
+  return mismatches == 0 && timeouts == 0 ? 0 : 1;
+}

@@ -1,0 +1,248 @@
+"""The kernels' cross-rank protocol under ThreadSanitizer, without a GPU (tier a).
+
+src/kernels/host/protocol_driver.cpp builds the collective kernels of src/kernels (the same
+sources and pyar_protocol.h) as host C++ through the host flavour of the portability layer
+(src/kernels/host/pyar_device_host.h, selected by PYAR_HOST_BUILD): ranks and blocks are
+threads of one process, a block's GPU threads are fibers of its thread, flags are
+std::atomic_ref with the GPU's release/acquire orders, peers' buffers are ordinary memory.
+The driver runs the Communicator's call sequence (staged, registered, in place, chunked)
+back to back, every rank overwriting its input as soon as its call returns (the seeds'
+pattern), with random delays of ranks and of GPU threads, and checks every result exactly
+(integer inputs).
+
+Under ThreadSanitizer an access that no barrier orders is a report even when the schedule
+happened to give the right sum, so a missing barrier is seen deterministically, not only
+when the timing goes wrong as on the GPU. Hence:
+  - every kernel at world sizes 2, 3, 4 and 8 runs with zero reports and exact sums, also
+    across the 32-bit wrap of the per-block epochs (whose control, an epoch comparison that
+    is not wrap-safe, must be caught);
+  - a rank that stops calling makes its peers' bounded spins give up, and their error
+    records name it;
+  - the mutation table: every barrier of every kernel left out in turn (the driver is built
+    with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase, the protocol's test-only define, and
+    --skip picks the phase) must be caught, by a report or a wrong sum; the barriers proven
+    redundant must stay uncaught (their proof, checked).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = os.path.join(ROOT, "src", "kernels")
+DRIVER = os.path.join(KERNELS, "host", "protocol_driver.cpp")
+CXX = shutil.which("g++")
+
+pytestmark = pytest.mark.skipif(
+    CXX is None, reason="no g++ on PATH: the host build of the kernels cannot be compiled")
+
+CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
+            "-DPYAR_TEST_SKIP_PHASE=host::skipped_phase",
+            "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached", "-Wall", "-Wno-unknown-pragmas"]
+# halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
+# report from a wrong sum (1) or bad usage (2).
+TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
+TSAN_EXIT = 66
+WORLDS = [2, 3, 4, 8]
+# Random delays: one delay point (a peer load or a flag store) in 400 sleeps up to 200 us,
+# and a third of the calls start up to 300 us late on each rank.
+DELAYS = ("--jitter", "400", "--sleep-us", "200", "--delay-us", "300")
+WRAP_START = str(2**32 - 4)  # epochs 2**32 - 3 .. 2**32 - 1, 0, 1, ... in the first calls
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("protocol_host") / "protocol_driver"
+    cmd = [CXX, *CXXFLAGS, "-I", KERNELS, DRIVER, "-o", str(exe), "-pthread"]
+    started = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, " ".join(cmd) + "\n" + done.stdout + done.stderr
+    print(f"\nhost build under ThreadSanitizer: {time.monotonic() - started:.1f} s")
+    return str(exe)
+
+
+class Outcome:
+    def __init__(self, done):
+        self.returncode = done.returncode
+        self.stderr = done.stderr
+        self.reports = len(re.findall(r"WARNING: ThreadSanitizer", done.stderr))
+        rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        self.row = json.loads(rows[-1]) if rows else None
+
+    @property
+    def wrong(self):
+        return self.row is not None and (self.row["mismatches"] or self.row["timeouts"])
+
+    @property
+    def caught(self):
+        return self.reports > 0 or self.wrong
+
+    def first_report(self):
+        match = re.search(r"WARNING: ThreadSanitizer.*?(?=\n\n|\Z)", self.stderr, re.S)
+        return match.group(0)[:3000] if match else self.stderr[-3000:]
+
+
+# Older ThreadSanitizer runtimes cannot place their shadow memory under the address
+# randomization of newer kernels (vm.mmap_rnd_bits = 32, e.g. Ubuntu 24.04); such a
+# run is repeated with randomization off for the process (setarch -R).
+MAPPING_FAILURE = "ThreadSanitizer: unexpected memory mapping"
+
+
+def run(driver, kernel, world, *options, timeout=300):
+    env = dict(os.environ, TSAN_OPTIONS=TSAN_OPTIONS)
+    cmd = [driver, kernel, str(world), *map(str, options)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
+    if MAPPING_FAILURE in done.stderr and shutil.which("setarch"):
+        done = subprocess.run(["setarch", os.uname().machine, "-R", *cmd], capture_output=True,
+                              text=True, timeout=timeout, env=env, check=False)
+    if MAPPING_FAILURE in done.stderr:
+        pytest.skip("ThreadSanitizer cannot map its shadow memory on this kernel, and "
+                    f"setarch -R did not help: {done.stderr.strip()[:300]}")
+    outcome = Outcome(done)
+    assert outcome.returncode in (0, 1, TSAN_EXIT), " ".join(cmd) + "\n" + done.stderr[-3000:]
+    return outcome
+
+
+def assert_clean(outcome, what):
+    assert outcome.reports == 0, f"{what}: ThreadSanitizer reported\n{outcome.first_report()}"
+    assert outcome.row is not None, f"{what}: no result\n{outcome.stderr[-3000:]}"
+    assert outcome.row["mismatches"] == 0 and outcome.row["timeouts"] == 0, (what, outcome.row)
+    assert outcome.returncode == 0, (what, outcome.row)
+
+
+# --- every kernel, every world, every way the host calls it ---------------------------------
+
+# (options, kernels): how Communicator calls the all-reduce; in place over a registered
+# input is two-shot only (Communicator._plan), chunked calls use a 2 KiB scratch.
+ALLREDUCE_WAYS = {
+    "staged": (("--variant", "staged"), ("oneshot", "twoshot")),
+    "registered": (("--variant", "registered"), ("oneshot", "twoshot")),
+    "staged-in-place": (("--variant", "staged", "--in-place", "1"), ("oneshot", "twoshot")),
+    "registered-in-place": (("--variant", "registered", "--in-place", "1"), ("twoshot",)),
+    "staged-chunked": (("--variant", "staged", "--max-size", "2048"), ("oneshot", "twoshot")),
+    "registered-chunked": (("--variant", "registered", "--max-size", "2048"),
+                           ("oneshot", "twoshot")),
+}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot"])
+def test_allreduce_clean_and_exact(driver, kernel, world):
+    """Back-to-back calls in every way the host makes them: zero reports, exact sums."""
+    for way, (options, kernels) in ALLREDUCE_WAYS.items():
+        if kernel not in kernels:
+            continue
+        outcome = run(driver, kernel, world, *options, "--calls", 12, "--seed", world,
+                      *DELAYS)
+        assert_clean(outcome, f"{kernel} {way} at world {world}")
+        assert outcome.row["calls"] == 12
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("kernel", ["onestage", "twostage"])
+def test_fused_clean_and_exact(driver, kernel, world):
+    """The fused kernels staged, and registered in chunks (rows per chunk: 4 KiB of
+    1 KiB rows): zero reports, exact residual sums, the norm within float32 rounding."""
+    for options in (("--variant", "staged"),
+                    ("--variant", "registered", "--max-size", "4096", "--tokens", "10",
+                     "--hidden", "256")):
+        outcome = run(driver, kernel, world, *options, "--calls", 5, "--seed", world, *DELAYS)
+        assert_clean(outcome, f"{kernel} {options} at world {world}")
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_types_clean_and_exact(driver, dtype):
+    for kernel, world in (("oneshot", 3), ("twoshot", 3), ("onestage", 2)):
+        outcome = run(driver, kernel, world, "--dtype", dtype, "--calls", 5, *DELAYS)
+        assert_clean(outcome, f"{kernel} {dtype} at world {world}")
+
+
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage"])
+@pytest.mark.parametrize("variant", ["staged", "registered"])
+def test_epochs_across_the_32_bit_wrap(driver, kernel, variant):
+    """Every block's epoch starts 4 calls before 2**32 (the test hook, as if 2**32 - 4 calls
+    had run) and the calls go on past it: the wrap-safe comparison keeps every barrier."""
+    calls = 5 if kernel in ("onestage", "twostage") else 10
+    outcome = run(driver, kernel, 4, "--variant", variant, "--epoch-start", WRAP_START,
+                  "--calls", calls, *DELAYS)
+    assert_clean(outcome, f"{kernel} {variant} across the epoch wrap")
+
+
+def test_epoch_wrap_catches_a_comparison_that_is_not_wrap_safe(driver):
+    """The wrap tests' positive control: barriers that compare epochs as plain unsigned
+    numbers (PYAR_TEST_REACHED_UNSIGNED) let the first call after the wrap through without
+    waiting (0xffffffff >= 0); across the wrap that is caught, from zero it is not."""
+    options = ("--epoch-start", WRAP_START, "--reached", "unsigned", "--calls", 8, *DELAYS)
+    across = run(driver, "oneshot", 4, *options)
+    assert across.caught, f"an unsigned epoch comparison across the wrap went unseen: {across.row}"
+    from_zero = run(driver, "oneshot", 4, "--reached", "unsigned", "--calls", 8, *DELAYS)
+    assert_clean(from_zero, "an unsigned epoch comparison far from the wrap")
+
+
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage"])
+def test_absent_rank_times_out_and_is_named(driver, kernel):
+    """Rank 2 of 3 makes no call from its fourth on: the others' bounded spins give up after
+    the timeout, and the error record names rank 2 and the call, without a report."""
+    outcome = run(driver, kernel, 3, "--absent", "2.3", "--calls", 6, "--timeout-ms", 300)
+    assert outcome.reports == 0, outcome.first_report()
+    row = outcome.row
+    assert row["mismatches"] == 0 and row["timeouts"] == 2, row
+    assert row["missing"] == [2] and row["timed_out_calls"] == [3, 3], row
+
+
+# --- the mutation table -----------------------------------------------------------------
+
+# Barriers each kernel has, and those proven redundant (the proof lives in the kernel).
+KERNEL_PHASES = {
+    "oneshot": ("start", "exit"),
+    "twoshot": ("start", "mid", "exit"),
+    "onestage": ("start", "exit"),
+    "twostage": ("start", "mid", "exit"),
+}
+REDUNDANT = {
+    ("twoshot", "exit"): "peers read the input and the partial scratch only before mid; "
+                         "the scratch is rewritten after the next start (allreduce.cu)",
+    ("twostage", "exit"): "the input is read only before mid; the scratch is rewritten "
+                          "after the next start (allreduce_rmsnorm.cu)",
+}
+MUTATION_WAYS = {"staged": ("--variant", "staged"), "registered": ("--variant", "registered")}
+
+
+def _detection(outcome):
+    if outcome.reports:
+        return "TSan report"
+    if outcome.wrong:
+        return (f"{outcome.row['mismatches']} wrong, {outcome.row['timeouts']} timed out")
+    return "not caught"
+
+
+def test_every_barrier_removal_is_caught(driver):
+    """Each barrier of each kernel left out in turn, at world 4, staged and registered:
+    caught by a ThreadSanitizer report or a wrong sum, except the barriers proven redundant,
+    which must stay uncaught. Prints the table mutation x detection."""
+    rows, missed, refuted = [], [], []
+    for kernel, phases in KERNEL_PHASES.items():
+        for phase in phases:
+            calls = 4 if kernel in ("onestage", "twostage") else 10
+            found = {way: _detection(run(driver, kernel, 4, *options, "--skip", phase,
+                                         "--calls", calls, *DELAYS))
+                     for way, options in MUTATION_WAYS.items()}
+            reason = REDUNDANT.get((kernel, phase))
+            caught = [w for w, d in found.items() if d != "not caught"]
+            if reason is None and len(caught) < len(found):
+                missed.append((kernel, phase, found))
+            if reason is not None and caught:
+                refuted.append((kernel, phase, found))
+            rows.append((f"{kernel} without {phase}", found["staged"], found["registered"],
+                         "redundant: " + reason if reason else ""))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'mutation':<{width}}  {'staged':<16}  {'registered':<16}  note"]
+    lines += [f"{a:<{width}}  {b:<16}  {c:<16}  {d}" for a, b, c, d in rows]
+    print("\n" + "\n".join(lines))
+    assert not missed, f"barrier removals nobody caught: {missed}"
+    assert not refuted, f"barriers listed as redundant whose removal was caught: {refuted}"
