@@ -36,8 +36,8 @@ def bundle_targets(data):
         position += 24
         triple = data[position:position + triple_size].decode()
         position += triple_size
-        if "amdgcn" in triple:
-            archs.append(triple.rsplit("-", 1)[-1])
+        if "amdgcn-amd-amdhsa-" in triple:  # e.g. hipv4-amdgcn-amd-amdhsa--gfx942:xnack-
+            archs.append(triple.split("amdgcn-amd-amdhsa-", 1)[1].lstrip("-"))
     return archs
 
 
