@@ -29,7 +29,7 @@ def runtime_lines():
         platform = diagnostics.require_runtime()
     except diagnostics.NotReady as problem:
         return ["runtime: none"], problem
-    lines = [f"runtime: {platform}, {_hip.library_path()}, version {_runtime_version()}"]
+    lines = [f"runtime: {platform}, {_hip.library_path()}, version {diagnostics.runtime_version_text()}"]
     try:
         count = diagnostics.require_gpu()
     except diagnostics.NotReady as problem:
@@ -49,13 +49,6 @@ def runtime_lines():
             except diagnostics.NotReady as problem:
                 first_problem = problem
     return lines, first_problem
-
-
-def _runtime_version():
-    try:
-        return _hip.runtime_version()
-    except _hip.HipError as exc:
-        return f"unknown ({exc.name})"
 
 
 def mpi_lines():

@@ -69,7 +69,7 @@ def require_gpu():
     hidden = [f"{name}={os.environ[name]!r}" for name in VISIBILITY_VARIABLES
               if name in os.environ]
     raise NotReady(
-        f"no GPU: the {platform} runtime ({library}, version {_version_or_error()}) sees no "
+        f"no GPU: the {platform} runtime ({library}, version {runtime_version_text()}) sees no "
         f"device ({error or 'device count 0'})"
         + (f"; {', '.join(hidden)} is set" if hidden else ""),
         "at least one AMD or NVIDIA GPU visible to this process",
@@ -78,11 +78,17 @@ def require_gpu():
                    if hidden else ""))
 
 
-def _version_or_error():
+def runtime_version_text():
+    """The loaded runtime's version as people write it, with the raw number:
+    HIP encodes major * 10**7 + minor * 10**5 + patch, CUDA major * 1000 +
+    minor * 10."""
     try:
-        return _hip.runtime_version()
+        raw = _hip.runtime_version()
     except _hip.HipError as exc:
-        return exc.name
+        return f"unknown ({exc.name})"
+    if _hip.platform() == "hip":
+        return f"{raw // 10**7}.{raw // 10**5 % 100}.{raw % 10**5} ({raw})"
+    return f"{raw // 1000}.{raw % 1000 // 10} ({raw})"
 
 
 def shipped_targets(name):

@@ -92,7 +92,7 @@ def test_exact_inputs_sum_exactly_in_every_dtype(world):
     assert np.abs(np.cumsum(np.abs(inputs), axis=0)).max() <= 32
     for dtype in (np.float16, ml_dtypes.bfloat16):
         assert np.array_equal(total.astype(dtype).astype(np.float32), total)
-    assert exact.wrong_elements(total.astype(ml_dtypes.bfloat16), world) == 0
+    assert exact.wrong_elements(total.astype(ml_dtypes.bfloat16), total) == 0
 
 
 def test_wrong_elements_counts_every_difference():
@@ -100,8 +100,10 @@ def test_wrong_elements_counts_every_difference():
     bad = total.copy()
     bad[[0, 17, 999]] += 1
     bad[500] = np.nan
-    assert exact.wrong_elements(bad, 4) == 4
-    assert exact.wrong_elements(total, 3) > 0  # the sum of another world size is wrong
+    assert exact.wrong_elements(bad, total) == 4
+    assert exact.wrong_elements(total, exact.expected_sum(1000, 3)) > 0  # another world size
+    with pytest.raises(ValueError, match="999 results against 1000"):
+        exact.wrong_elements(total[:999], total)
 
 
 def test_host_round_trip_sums_through_mpi(monkeypatch):
@@ -129,7 +131,7 @@ def test_host_round_trip_sums_through_mpi(monkeypatch):
     trip = host_mpi.HostRoundTrip(MPI.COMM_SELF, 128, ml_dtypes.bfloat16)
     trip.call(1, 2, 64, Stream())()
     assert np.array_equal(memory[2], memory[1])
-    assert exact.wrong_elements(memory[2], 1) == 0
+    assert exact.wrong_elements(memory[2], exact.expected_sum(64, 1)) == 0
 
 
 def test_short_flags_match_the_long_ones():

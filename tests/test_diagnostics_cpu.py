@@ -115,6 +115,25 @@ def test_python_m_pyar_reports_without_a_gpu():
     assert "Traceback" not in out + done.stderr
 
 
+def test_python_m_pyar_without_a_runtime():
+    env = dict(os.environ, PYAR_PLATFORM="cuda", PYAR_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
+    done = subprocess.run([sys.executable, "-m", "pyar"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "runtime: none" in done.stdout
+    assert "no GPU runtime library could be loaded" in done.stdout
+    assert "/nonexistent/libcuda.so.1" in done.stdout and "fix: install the GPU driver" in done.stdout
+
+
+def test_runtime_version_as_people_write_it(monkeypatch):
+    monkeypatch.setattr(diagnostics._hip, "runtime_version", lambda: 50221153)
+    monkeypatch.setattr(diagnostics._hip, "platform", lambda: "hip")
+    assert diagnostics.runtime_version_text() == "5.2.21153 (50221153)"
+    monkeypatch.setattr(diagnostics._hip, "runtime_version", lambda: 13000)
+    monkeypatch.setattr(diagnostics._hip, "platform", lambda: "cuda")
+    assert diagnostics.runtime_version_text() == "13.0 (13000)"
+
+
 @needs_no_gpu
 def test_example_without_a_gpu_says_so_once_and_fails():
     env = dict(os.environ, PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT="1",

@@ -118,10 +118,10 @@ def _environment(comm, mpi):
     return {"copy_bandwidth_GBps": copy_bw / 1e9 if copy_bw else None, "one_gpu": one_gpu}
 
 
-def _wrong(mpi, dst, count, world, stream):
-    """Elements of ``dst`` that differ from the exact sum, over all ranks."""
+def _wrong(mpi, dst, expected, stream):
+    """Elements of ``dst`` that differ from ``expected``, over all ranks."""
     stream.synchronize()
-    return mpi.allreduce(exact.wrong_elements(dst.get(), world), op=MPI.SUM)
+    return mpi.allreduce(exact.wrong_elements(dst.get(), expected), op=MPI.SUM)
 
 
 def sweep(args, comm, mpi, extra, show):
@@ -151,10 +151,11 @@ def sweep(args, comm, mpi, extra, show):
         moved = count * dtype.itemsize
         iterations = args.iters or measure.iterations_for(nbytes)
         dst = y if count == y.size else _prefix(y, count)
+        expected = exact.expected_sum(count, world) if args.check else None
 
         def row(algo, mode, seconds):
             algbw = moved / seconds / 1e9
-            wrong = _wrong(mpi, dst, count, world, stream) if args.check else None
+            wrong = _wrong(mpi, dst, expected, stream) if args.check else None
             return {"bytes": moved, "count": count, "dtype": args.dtype, "algo": algo,
                     "mode": mode, "time_us": seconds * 1e6, "algbw_GBps": algbw,
                     "busbw_GBps": algbw * 2 * (world - 1) / world, "wrong": wrong,
@@ -163,7 +164,7 @@ def sweep(args, comm, mpi, extra, show):
         src = x if count == x.size else _prefix(x, count)
         _hip.memset(dst.ptr, 0, dst.nbytes, stream)  # a stale right answer cannot pass
         baseline = measure.time_per_call(mpi, host.call(src.ptr, dst.ptr, count, stream),
-                                         iterations, min(args.warmup, 2), stream)
+                                         iterations, args.warmup, stream)
         rows.append(row("mpi", "host", baseline))
         show(rows[-1])
         for algo, mode in plan:

@@ -25,7 +25,10 @@ def expected_sum(count, world):
     return per_phase[_phase(count)]
 
 
-def wrong_elements(result, world):
-    """How many elements of ``result`` (a host array) differ from the exact sum."""
-    got = np.asarray(result).reshape(-1)
-    return int(np.count_nonzero(got.astype(np.float32) != expected_sum(got.size, world)))
+def wrong_elements(result, expected):
+    """How many elements of ``result`` (a host array) differ from ``expected``
+    (``expected_sum`` of its size); NaN is always wrong."""
+    got = np.asarray(result).reshape(-1).astype(np.float32)
+    if got.shape != expected.shape:
+        raise ValueError(f"{got.size} results against {expected.size} expected values")
+    return int(np.count_nonzero(got != expected))
