@@ -215,12 +215,13 @@ def main(argv=None):
     from mpi4py import MPI
 
     import pyar
-    from pyar import _hip
+    from pyar import _hip, diagnostics
     from pyar.bench import measure
     from pyar.bench.exact import exact_inputs, expected_sum
     from pyar.bench.sizes import doubling
     bf16 = np.dtype(ml_dtypes.bfloat16)
     mpi = MPI.COMM_WORLD
+    diagnostics.exit_unless_ready(mpi, "versus_torch.py")
     rank, world = mpi.Get_rank(), mpi.Get_size()
     if world < 2:
         raise SystemExit("run under mpirun with at least 2 ranks, one GPU each")
