@@ -36,6 +36,7 @@ if ROOT not in sys.path:
 
 import pyar._hip as hip  # noqa: E402
 from pyar import _kernels  # noqa: E402
+from pyar.bench import table  # noqa: E402
 
 CUPY_EMPTY_SOURCE = 'extern "C" __global__ void empty() {}'
 CUPY_STORE_ARGS_SOURCE = r'''
@@ -253,27 +254,23 @@ def ratios(rows):
 
 
 def markdown(rows, ratio, missing, header):
-    lines = [header, "",
-             "| case | implementation | µs/launch, host loop (median) | min | "
-             "µs/launch incl. sync | graph: GPU µs/launch | graph: host µs/replay |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    head = ["case", "implementation", "µs/launch, host loop (median)", "min",
+            "µs/launch incl. sync", "graph: GPU µs/launch", "graph: host µs/replay"]
+    cells = []
     for row in rows:
         if row["error"] is not None:
-            lines.append(f"| {row['case']} | {row['impl']} | unavailable: {row['error']} "
-                         "| | | | |")
+            cells.append([row["case"], row["impl"], f"unavailable: {row['error']}", "", "", "",
+                          ""])
             continue
-        lines.append(
-            f"| {row['case']} | {row['impl']} | {fmt(row['host_us'])} | "
-            f"{fmt(row['host_min_us'])} | {fmt(row['total_us'])} | {fmt(row['gpu_us'])} | "
-            f"{fmt(row['host_us_per_replay'])} |")
-    lines.append("")
+        cells.append([row["case"], row["impl"], fmt(row["host_us"]), fmt(row["host_min_us"]),
+                      fmt(row["total_us"]), fmt(row["gpu_us"]), fmt(row["host_us_per_replay"])])
+    lines = [header, "", table.markdown(head, cells), ""]
     if missing:
         lines.append(f"CuPy baseline missing: {missing}")
     else:
-        lines.append("| ratio pyar / CuPy (eager: host loop; graph: GPU time) | value |")
-        lines.append("|---|---:|")
-        for case, value in ratio.items():
-            lines.append(f"| {case} | {value:.2f} |")
+        lines.append(table.markdown(["ratio pyar / CuPy (eager: host loop; graph: GPU time)",
+                                     "value"],
+                                    [[case, f"{value:.2f}"] for case, value in ratio.items()]))
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 
 
 def parse_args(argv):
-    from pyar.bench.__main__ import parse_size
+    from pyar.bench.sizes import parse_size
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--min", type=parse_size, default=parse_size("1K"))
     parser.add_argument("--max", type=parse_size, default=parse_size("256M"))
@@ -51,6 +51,10 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.min < 16 or args.max < args.min:
         parser.error("need 16 <= --min <= --max")
+    from pyar.bench.report import can_plot
+    if args.plot and not can_plot():
+        parser.error("--plot needs matplotlib, which is not installed: "
+                     "pip install 'pyar[plot]' (or matplotlib)")
     return args
 
 
@@ -87,20 +91,18 @@ def _speedup(mine, theirs):
 
 
 def table(rows, title):
-    from pyar.bench.report import human_bytes
+    from pyar.bench.sizes import human_bytes
+    from pyar.bench.table import markdown
     head = ["size", "mode"] + [f"{n} us" for n in IMPLEMENTATIONS] + \
         [f"{n} busbw" for n in IMPLEMENTATIONS] + ["pyar/nccl", "pyar/symm"]
-    lines = [f"## {title}", "", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
-    for row in rows:
-        cells = [human_bytes(row["bytes"]), row["mode"]]
-        cells += [_number(row[n]["time_us"]) for n in IMPLEMENTATIONS]
-        cells += [_number(row[n]["busbw_GBps"]) for n in IMPLEMENTATIONS]
-        cells += [_number(row["pyar_over_nccl"], ".2f"), _number(row["pyar_over_symm"], ".2f")]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "busbw in GB/s; pyar/nccl and pyar/symm: pyar's busbw over the baseline's "
-              "(the faster symmetric-memory kernel's), above 1 when pyar is faster"]
-    return "\n".join(lines)
+    cells = [[human_bytes(row["bytes"]), row["mode"]]
+             + [_number(row[n]["time_us"]) for n in IMPLEMENTATIONS]
+             + [_number(row[n]["busbw_GBps"]) for n in IMPLEMENTATIONS]
+             + [_number(row["pyar_over_nccl"], ".2f"), _number(row["pyar_over_symm"], ".2f")]
+             for row in rows]
+    return markdown(head, cells, title) + (
+        "\n\nbusbw in GB/s; pyar/nccl and pyar/symm: pyar's busbw over the baseline's "
+        "(the faster symmetric-memory kernel's), above 1 when pyar is faster")
 
 
 def _number(value, spec=".3g"):
@@ -115,7 +117,7 @@ def save_plot(path, rows, title):
             if row[name]["time_us"] is not None:
                 series.setdefault(f"{name} ({row['mode']})", []).append(
                     (row["bytes"], row[name]["time_us"]))
-    return plot_latency(path, series, title)
+    plot_latency(path, series, title)
 
 
 # --- measuring: one GPU per rank -------------------------------------------------------
@@ -206,16 +208,6 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def exact_inputs(count, rank):
-    """Small integers, different per rank, whose sum over 8 ranks bfloat16 holds exactly."""
-    import numpy as np
-    return (((np.arange(count) * 7 + rank) % 9) - 4).astype(np.float32)
-
-
-def expected_sum(count, world):
-    return sum(exact_inputs(count, r) for r in range(world))
-
-
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import ml_dtypes
@@ -223,11 +215,13 @@ def main(argv=None):
     from mpi4py import MPI
 
     import pyar
-    from pyar import _hip
+    from pyar import _hip, diagnostics
     from pyar.bench import measure
-    from pyar.bench.__main__ import sizes
+    from pyar.bench.exact import exact_inputs, expected_sum
+    from pyar.bench.sizes import doubling
     bf16 = np.dtype(ml_dtypes.bfloat16)
     mpi = MPI.COMM_WORLD
+    diagnostics.exit_unless_ready(mpi, "versus_torch.py")
     rank, world = mpi.Get_rank(), mpi.Get_size()
     if world < 2:
         raise SystemExit("run under mpirun with at least 2 ranks, one GPU each")
@@ -242,7 +236,7 @@ def main(argv=None):
     x = pyar.empty((largest // 2,), bf16, stream=stream)
     y = pyar.empty_like(x)
     rows, failures = [], {}
-    for nbytes in sizes(args.min, largest):
+    for nbytes in doubling(args.min, largest):
         count = nbytes // 2
         src = pyar.DeviceArray.from_pointer(x.ptr, (count,), bf16, owner=x, device=x.device)
         dst = pyar.DeviceArray.from_pointer(y.ptr, (count,), bf16, owner=y, device=y.device)
@@ -286,7 +280,8 @@ def main(argv=None):
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        if args.plot and save_plot(args.plot, rows, title):
+        if args.plot:
+            save_plot(args.plot, rows, title)
             print(f"plot: {args.plot}")
 
 

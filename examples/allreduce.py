@@ -2,7 +2,8 @@
 
     mpirun -n 4 python examples/allreduce.py --size 16M --dtype bfloat16
 
-Each rank draws its own random input; the result is checked against a float64
+Without a GPU (or without kernels for it, or with ranks sharing an NVIDIA GPU
+and no MPS) it says so once and exits with status 1.  Each rank draws its own random input; the result is checked against a float64
 sum of every rank's input computed through MPI on the host, and every rank's
 result must be bitwise identical.
 """
@@ -14,17 +15,13 @@ import numpy as np
 from mpi4py import MPI
 
 import pyar
+from pyar import diagnostics
+from pyar.bench.sizes import parse_size
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 # Relative error allowed against the float64 sum: a few units in the last
 # place of the output format, scaled by the number of additions.
 TOLERANCE = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.upper().rstrip("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
 def main():
@@ -35,6 +32,7 @@ def main():
     args = parser.parse_args()
 
     world = MPI.COMM_WORLD
+    diagnostics.exit_unless_ready(world)
     rank = world.Get_rank()
     dtype = np.dtype(DTYPES[args.dtype])
     count = max(1, args.size // dtype.itemsize)

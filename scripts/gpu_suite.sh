@@ -16,8 +16,12 @@
 # and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
 # leased machine's time limit still leaves room for the summary.
 #
+# PYAR_SUITE_EXAMPLES=0 skips running the examples (python -m pyar, device_info,
+# then allreduce, conjugate_gradient and interop at 4 ranks under MPS).
+#
 # Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl, scenarios.log,
-# launch.json, bench.json, bench_w8.png, versus_w*.{json,png}, summary.md.
+# examples.tsv, examples.log, launch.json, bench.json, bench_w8.png,
+# versus_w*.{json,png}, summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -35,7 +39,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export PYTHONUNBUFFERED=1 PYAR_REQUIRE_GPU=1 PYAR_RESULTS=$OUT/results.jsonl
 export PYAR_SCENARIO_LOG=$OUT/scenarios.log
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-rm -f "$OUT/results.jsonl" "$OUT/scenarios.log"
+rm -f "$OUT/results.jsonl" "$OUT/scenarios.log" "$OUT/examples.tsv"
 
 echo "== build"
 start=$(date +%s)
@@ -63,6 +67,27 @@ echo "== tests ($TESTS)"
 timeout -k 10 "$TEST_SECONDS" $PYTHON -m pytest -q -rfEs -m gpu --junitxml="$OUT/junit.xml" \
   ${PYAR_SUITE_K:+-k "$PYAR_SUITE_K"} $TESTS 2>&1 | tee "$OUT/pytest.log"
 test_status=${PIPESTATUS[0]}
+
+EXAMPLE_RANKS=${PYAR_SUITE_EXAMPLE_RANKS:-4}
+if [ "${PYAR_SUITE_EXAMPLES:-1}" = 1 ]; then
+  echo "== examples"
+  printf 'command\texit\tseconds\n' >"$OUT/examples.tsv"
+  : >"$OUT/examples.log"
+  run_example() {
+    local began status
+    began=$(date +%s)
+    echo "\$ $*" | tee -a "$OUT/examples.log"
+    timeout -k 5 300 "$@" 2>&1 | tee -a "$OUT/examples.log"
+    status=${PIPESTATUS[0]}
+    printf '%s\t%s\t%s\n' "$*" "$status" "$(( $(date +%s) - began ))" >>"$OUT/examples.tsv"
+  }
+  run_example $PYTHON -m pyar
+  run_example $PYTHON examples/device_info.py
+  for example in allreduce.py conjugate_gradient.py interop.py; do
+    run_example mpirun -n "$EXAMPLE_RANKS" --oversubscribe --bind-to none \
+      $PYTHON "examples/$example"
+  done
+fi
 
 wants() { [[ " $BENCH_KINDS " == *" $1 "* ]]; }
 if [ "$BENCH" = 1 ] && wants launch; then
@@ -104,4 +129,9 @@ stop_mps
 trap - EXIT
 $PYTHON scripts/gpu_summary.py --out "$OUT" --bench-dir "$work" --build-seconds "$build_seconds" \
   --test-status "$test_status" | tee "$OUT/summary.md"
+if [ -f "$OUT/examples.tsv" ] && awk -F'\t' 'NR > 1 && $2 != 0 { bad = 1 } END { exit !bad }' \
+    "$OUT/examples.tsv"; then
+  echo "an example failed (see examples.tsv)"
+  [ "$test_status" -ne 0 ] || test_status=1
+fi
 exit "$test_status"

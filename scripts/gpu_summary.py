@@ -9,6 +9,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from pyar.bench import table  # noqa: E402
 
 
 def test_outcomes(junit_path):
@@ -47,11 +50,18 @@ def results_table(path):
     return list(merged.values())
 
 
+def example_outcomes(path):
+    """The runner's examples.tsv (command, exit, seconds) as rows."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        head, *lines = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    return [dict(zip(head, line)) for line in lines]
+
+
 def markdown(rows, columns):
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
-    return "\n".join(lines)
+    """``rows`` (dicts) as a table of ``columns``; a missing key is an empty cell."""
+    return table.markdown(columns, [[row.get(c, "") for c in columns] for row in rows])
 
 
 def main():
@@ -76,6 +86,12 @@ def main():
     print("## Tests\n")
     print(markdown(rows, ["tests", "passed", "failed", "skipped"]))
     print(f"\npytest exit status: {args.test_status}\n")
+
+    examples = example_outcomes(os.path.join(args.out, "examples.tsv"))
+    if examples:
+        print("## Examples\n")
+        print(markdown(examples, ["command", "exit", "seconds"]))
+        print()
 
     results = results_table(os.path.join(args.out, "results.jsonl"))
     if results:
@@ -129,7 +145,6 @@ def print_bench(path, kind, merged):
 
 
 def print_versus(path, merged):
-    sys.path.insert(0, ROOT)
     from benchmarks import versus_torch
     with open(path) as f:
         data = json.load(f)

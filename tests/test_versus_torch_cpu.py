@@ -1,7 +1,6 @@
 """benchmarks/versus_torch.py without a GPU or torch: the rows, ratios and
-table it prints, its exact inputs, and that it keeps NVLink multicast off.
+table it prints, and that it keeps NVLink multicast off.
 Its measurements need one GPU per rank (the several-GPU run)."""
-import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py")
@@ -38,22 +37,11 @@ def test_table_has_a_line_per_row_and_dashes_for_gaps():
             vt.summarize(256 << 20, "graph", {"pyar": 1e-3, "nccl": 1.1e-3,
                                               "symm-1shot": 2e-3, "symm-2shot": 0.9e-3}, 8)]
     text = vt.table(rows, "title")
-    lines = [line for line in text.splitlines() if line.startswith("| ") and "size" not in line]
+    lines = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("| ") and "size" not in line]
     assert len(lines) == 2
-    assert lines[0].startswith("| 1 KiB | eager |") and "| 2.50 | - |" in lines[0]
-    assert lines[1].startswith("| 256 MiB | graph |") and "| 1.10 | 0.90 |" in lines[1]
-
-
-def test_exact_inputs_differ_per_rank_and_sum_exactly_in_bfloat16():
-    ml_dtypes = pytest.importorskip("ml_dtypes")
-    count = 4099
-    inputs = [vt.exact_inputs(count, r) for r in range(8)]
-    assert all(not np.array_equal(inputs[0], other) for other in inputs[1:])
-    total = vt.expected_sum(count, 8)
-    assert np.array_equal(total, np.sum(inputs, axis=0))
-    # Every partial sum in any order stays an integer of at most 32: exact in bfloat16.
-    assert np.abs(np.cumsum(np.abs(inputs), axis=0)).max() <= 32
-    assert np.array_equal(total.astype(ml_dtypes.bfloat16).astype(np.float32), total)
+    assert lines[0][:2] == ["1 KiB", "eager"] and lines[0][-2:] == ["2.50", "-"]
+    assert lines[1][:2] == ["256 MiB", "graph"] and lines[1][-2:] == ["1.10", "0.90"]
 
 
 def test_multicast_stays_off():
@@ -78,10 +66,10 @@ def test_plots_are_written(tmp_path):
     rows = [vt.summarize(size, mode, {"pyar": size * 1e-12 + 5e-6, "nccl": size * 2e-12 + 9e-6},
                          4) for size in (1024, 1 << 20, 64 << 20) for mode in vt.MODES]
     path = tmp_path / "versus.png"
-    assert vt.save_plot(str(path), rows, "title")
+    vt.save_plot(str(path), rows, "title")
     bench_rows = [{"bytes": size, "algo": "auto:oneshot", "mode": "graph", "time_us": 7.0}
                   for size in (1024, 4096)]
     bench_path = tmp_path / "bench.png"
-    assert report.save_plot(str(bench_path), bench_rows, "title")
+    report.save_plot(str(bench_path), bench_rows, "title")
     for png in (path, bench_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -11,7 +11,7 @@ from pyar import _hip
 _SUFFIX = {"cuda": ".fatbin", "hip": ".hsaco"}
 _TOOL = {"cuda": "nvcc", "hip": "hipcc"}
 _DIRECTORY = os.path.dirname(os.path.abspath(__file__))
-_modules = {}
+_modules: dict = {}  # (name, device ordinal) -> Module
 _lock = threading.Lock()
 
 

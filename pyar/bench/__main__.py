@@ -1,8 +1,11 @@
 """python -m pyar.bench: sweep message sizes and algorithms, print tables.
 
-Run under mpirun: ``mpirun -n 4 python -m pyar.bench --max 256M``; with
-``--fused``, the fused all-reduce + RMSNorm against the unfused steps per
-token count instead (``--hidden``, ``--tokens``, ``--quant``).
+Run under mpirun: ``mpirun -n 4 python -m pyar.bench -b 1K -e 256M``.  Every
+size is also timed through the host (device-to-host copy, mpi4py Allreduce,
+copy back: what a program does without pyar), and each pyar row gives its
+time over that one.  With ``--fused``, the fused all-reduce + RMSNorm against
+the unfused steps per token count instead (``--hidden``, ``--tokens``,
+``--quant``).  Rows are printed as they are measured.
 """
 import argparse
 import socket
@@ -13,39 +16,63 @@ import numpy as np
 from mpi4py import MPI
 
 import pyar
-from pyar import _hip
-from pyar.bench import fused, measure, report, traffic
+from pyar import _hip, diagnostics
+from pyar.bench import exact, fused, measure, report, traffic
+from pyar.bench.host_mpi import HostRoundTrip
+from pyar.bench.progress import Progress
+from pyar.bench.sizes import doubling, parse_size
 from pyar.comm import algorithms
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 GRAPH_CALLS = 20  # all-reduces per captured graph in --graph rows
 
 
-def parse_size(text):
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1] if text and text[-1] in UNITS else ""
-    return int(float(text[:len(text) - len(unit)]) * UNITS[unit])
+class RankZeroParser(argparse.ArgumentParser):
+    """Usage errors printed once, by rank 0; every rank exits with status 2."""
+
+    def error(self, message):
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _size(text):
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m pyar.bench", description=__doc__)
-    parser.add_argument("--min", type=parse_size, default=parse_size("1K"), help="smallest message")
-    parser.add_argument("--max", type=parse_size, default=parse_size("256M"), help="largest message")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser = RankZeroParser(prog="python -m pyar.bench", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-b", "--min", type=_size, default=parse_size("1K"),
+                        help="smallest message (bytes, or 64K, 16M, 1GiB)")
+    parser.add_argument("-e", "--max", type=_size, default=parse_size("256M"),
+                        help="largest message")
+    parser.add_argument("-f", "--factor", type=int, default=2,
+                        help="multiply the size by this from one row to the next")
+    parser.add_argument("-d", "--dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--algos", default="auto,oneshot,twoshot",
                         help="comma-separated: auto, oneshot, twoshot")
     parser.add_argument("--staged", action="store_true",
                         help="also time auto with staged (copied) input")
     parser.add_argument("--graph", action="store_true",
                         help=f"also time auto replayed from a graph of {GRAPH_CALLS} calls")
-    parser.add_argument("--max-size", type=parse_size, default=parse_size("64M"),
+    parser.add_argument("--max-size", type=_size, default=parse_size("64M"),
                         help="communicator scratch size")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=0, help="calls per point (0: by size)")
+    parser.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls per point")
+    parser.add_argument("-n", "--iters", type=int, default=0,
+                        help="timed calls per point (0: by size)")
+    parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
+                        help="1: check every measured size against the exact sum (the "
+                             "'wrong' column counts elements that differ); 0: skip")
     parser.add_argument("--json", help="write results here")
-    parser.add_argument("--plot", help="write a PNG plot here")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib: "
+                                       "pip install 'pyar[plot]')")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (it is drawn only on a terminal anyway)")
     parser.add_argument("--fused", action="store_true",
                         help="time allreduce_rmsnorm against the unfused steps instead")
     parser.add_argument("--hidden", type=int, default=4096, help="--fused: hidden size")
@@ -57,21 +84,24 @@ def parse_args(argv):
     args.dtype_value = DTYPES[args.dtype]
     try:
         args.quants = fused.parse_quants(args.quant)
+        args.algos = [algorithms.validate(a.strip()) for a in args.algos.split(",") if a.strip()]
     except ValueError as exc:
         parser.error(str(exc))
     if not args.tokens or min(args.tokens) < 1:
         parser.error("--tokens needs positive token counts")
-    args.algos = [algorithms.validate(a.strip()) for a in args.algos.split(",") if a.strip()]
     if args.min <= 0 or args.max < args.min:
         parser.error("need 0 < --min <= --max")
+    if args.factor < 2:
+        parser.error("--factor must be at least 2")
+    if args.iters < 0 or args.warmup < 0:
+        parser.error("--iters and --warmup must be >= 0")
+    if args.plot:
+        if args.fused:
+            parser.error("--plot draws the all-reduce sweep; --fused has no plot")
+        if not report.can_plot():
+            parser.error("--plot needs matplotlib, which is not installed: "
+                         "pip install 'pyar[plot]' (or matplotlib)")
     return args
-
-
-def sizes(smallest, largest):
-    size = smallest
-    while size <= largest:
-        yield size
-        size *= 2
 
 
 def shared_gpu(world_comm, device):
@@ -88,68 +118,88 @@ def _environment(comm, mpi):
     return {"copy_bandwidth_GBps": copy_bw / 1e9 if copy_bw else None, "one_gpu": one_gpu}
 
 
-def sweep(args, comm, mpi):
+def _wrong(mpi, dst, expected, stream):
+    """Elements of ``dst`` that differ from ``expected``, over all ranks."""
+    stream.synchronize()
+    return mpi.allreduce(exact.wrong_elements(dst.get(), expected), op=MPI.SUM)
+
+
+def sweep(args, comm, mpi, extra, show):
+    """Time every (size, algorithm, input mode) point and the host MPI round
+    trip of each size; ``show(row)`` gets each row as soon as it is measured."""
     dtype = np.dtype(DTYPES[args.dtype])
     world = comm.world
     stream = _hip.Stream()
-    extra = _environment(comm, mpi)
     copy_bw = extra["copy_bandwidth_GBps"] and extra["copy_bandwidth_GBps"] * 1e9
     largest = args.max - args.max % (dtype.itemsize * 16) or dtype.itemsize * 16
     x = pyar.empty((largest // dtype.itemsize,), dtype, stream=stream)
     y = pyar.empty_like(x)
-    rng = np.random.default_rng(mpi.Get_rank())
-    x.set(rng.standard_normal(x.size).astype(dtype), stream=stream)
+    x.set(exact.exact_inputs(x.size, mpi.Get_rank()).astype(dtype), stream=stream)
     comm.register(x)
+    host = HostRoundTrip(mpi, x.size, dtype)
     plan = [(algo, "registered") for algo in args.algos]
     if args.staged:
         plan.append(("auto", "staged"))
     if args.graph:
         plan.append(("auto", "graph"))
-    points = [(s, a, m) for s in sizes(args.min, largest) for a, m in plan]
-    rows = []
     staged_x = pyar.empty_like(x) if args.staged else None
     if staged_x is not None:
         _hip.memcpy_dtod(staged_x.ptr, x.ptr, x.nbytes, stream)
-    for index, (nbytes, algo, mode) in enumerate(points):
+    rows = []
+    for nbytes in doubling(args.min, largest, args.factor):
         count = max(1, nbytes // dtype.itemsize)
-        source = staged_x if mode == "staged" else x
-        src = source if count == source.size else _prefix(source, count)
-        dst = y if count == y.size else _prefix(y, count)
-        if mode != "staged" and count != x.size:
-            comm.register(src)
-        chosen = algorithms.choose(count * dtype.itemsize, world) if algo == "auto" else algo
-        iterations = args.iters or measure.iterations_for(nbytes)
-        if mode == "graph":
-            with comm.capture(stream) as graph:
-                for _ in range(GRAPH_CALLS):
-                    comm.allreduce(src, out=dst, algo=algo, stream=stream)
-            seconds = measure.time_per_call(
-                mpi, lambda: graph.replay(stream), max(1, iterations // GRAPH_CALLS),
-                1, stream) / GRAPH_CALLS
-            graph.close()
-        else:
-            seconds = measure.time_per_call(
-                mpi, lambda: comm.allreduce(src, out=dst, algo=algo, stream=stream),
-                iterations, args.warmup, stream)
-        comm.synchronize(stream)
         moved = count * dtype.itemsize
-        algbw = moved / seconds / 1e9
-        hbm = None
-        if copy_bw:
-            total = traffic.shared_gpu_bytes(chosen, moved, world, mode == "staged")
-            hbm = total / seconds / copy_bw
-        rows.append({"bytes": moved, "count": count, "dtype": args.dtype, "algo": chosen
-                     if algo != "auto" else f"auto:{chosen}", "mode": mode,
-                     "time_us": seconds * 1e6, "algbw_GBps": algbw,
-                     "busbw_GBps": algbw * 2 * (world - 1) / world, "hbm_eff": hbm})
-        if mpi.Get_rank() == 0 and not args.no_progress:
-            done = index + 1
-            bar = "#" * (30 * done // len(points))
-            print(f"\r[{bar:<30}] {done}/{len(points)}", end="", file=sys.stderr, flush=True)
-    if mpi.Get_rank() == 0 and not args.no_progress:
-        print(file=sys.stderr)
+        iterations = args.iters or measure.iterations_for(nbytes)
+        dst = y if count == y.size else _prefix(y, count)
+        expected = exact.expected_sum(count, world) if args.check else None
+
+        def row(algo, mode, seconds):
+            algbw = moved / seconds / 1e9
+            wrong = _wrong(mpi, dst, expected, stream) if args.check else None
+            return {"bytes": moved, "count": count, "dtype": args.dtype, "algo": algo,
+                    "mode": mode, "time_us": seconds * 1e6, "algbw_GBps": algbw,
+                    "busbw_GBps": algbw * 2 * (world - 1) / world, "wrong": wrong,
+                    "vs_mpi": None, "hbm_eff": None}
+
+        src = x if count == x.size else _prefix(x, count)
+        _hip.memset(dst.ptr, 0, dst.nbytes, stream)  # a stale right answer cannot pass
+        baseline = measure.time_per_call(mpi, host.call(src.ptr, dst.ptr, count, stream),
+                                         iterations, args.warmup, stream)
+        rows.append(row("mpi", "host", baseline))
+        show(rows[-1])
+        for algo, mode in plan:
+            source = staged_x if mode == "staged" else x
+            src = source if count == source.size else _prefix(source, count)
+            if mode != "staged" and count != x.size:
+                comm.register(src)
+            _hip.memset(dst.ptr, 0, dst.nbytes, stream)
+            seconds = _time_point(args, comm, mpi, src, dst, algo, mode, iterations, stream)
+            chosen = algorithms.choose(moved, world) if algo == "auto" else algo
+            rows.append(row(f"auto:{chosen}" if algo == "auto" else chosen, mode, seconds))
+            rows[-1]["vs_mpi"] = seconds / baseline
+            if copy_bw:
+                total = traffic.shared_gpu_bytes(chosen, moved, world, mode == "staged")
+                rows[-1]["hbm_eff"] = total / seconds / copy_bw
+            show(rows[-1])
     stream.close()
-    return rows, extra
+    return rows
+
+
+def _time_point(args, comm, mpi, src, dst, algo, mode, iterations, stream):
+    if mode == "graph":
+        with comm.capture(stream) as graph:
+            for _ in range(GRAPH_CALLS):
+                comm.allreduce(src, out=dst, algo=algo, stream=stream)
+        seconds = measure.time_per_call(
+            mpi, lambda: graph.replay(stream), max(1, iterations // GRAPH_CALLS),
+            1, stream) / GRAPH_CALLS
+        graph.close()
+    else:
+        seconds = measure.time_per_call(
+            mpi, lambda: comm.allreduce(src, out=dst, algo=algo, stream=stream),
+            iterations, args.warmup, stream)
+    comm.synchronize(stream)
+    return seconds
 
 
 def _prefix(array, count):
@@ -158,37 +208,69 @@ def _prefix(array, count):
                                          device=array.device)
 
 
+def point_count(args):
+    """How many rows a run prints (for the progress bar)."""
+    if args.fused:
+        return 2 * len(args.quants) * len(args.tokens)
+    dtype = np.dtype(DTYPES[args.dtype])
+    largest = args.max - args.max % (dtype.itemsize * 16) or dtype.itemsize * 16
+    per_size = 1 + len(args.algos) + args.staged + args.graph
+    return per_size * len(list(doubling(args.min, largest, args.factor)))
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     mpi = MPI.COMM_WORLD
+    diagnostics.exit_unless_ready(mpi, "python -m pyar.bench")
+    if mpi.Get_size() < 2:
+        raise SystemExit("python -m pyar.bench: run under mpirun with at least 2 ranks")
+    leader = mpi.Get_rank() == 0
     with pyar.Communicator(mpi, max_size=args.max_size) as comm:
-        if comm.world < 2:
-            raise SystemExit("run under mpirun with at least 2 ranks")
-        if args.fused:
-            extra = _environment(comm, mpi)
-            rows = fused.sweep(args, comm, mpi, extra["copy_bandwidth_GBps"] and
-                               extra["copy_bandwidth_GBps"] * 1e9)
-        else:
-            rows, extra = sweep(args, comm, mpi)
+        extra = _environment(comm, mpi)
         device = _hip.Device(comm.device)
-        meta = {"world": comm.world, "platform": _hip.platform(), "device": device.name,
-                "arch": device.arch, "host": socket.gethostname(), "dtype": args.dtype,
-                "max_size": comm.max_size, **extra}
-    if mpi.Get_rank() == 0:
         what = (f"pyar allreduce_rmsnorm (fused) vs all-reduce + add_rmsnorm + quantize "
                 f"(unfused), hidden {args.hidden}" if args.fused else "pyar all-reduce")
-        title = (f"{what}, {meta['world']} ranks on "
-                 f"{'one shared ' if extra['one_gpu'] else ''}{meta['device']} ({meta['arch']}), "
+        title = (f"{what}, {comm.world} ranks on "
+                 f"{'one shared ' if extra['one_gpu'] else ''}{device.name} ({device.arch}), "
                  f"{args.dtype}")
-        print(fused.table(rows, title) if args.fused else report.table(rows, title))
+        table = fused.table() if args.fused else report.table()
+        cells = fused.cells if args.fused else report.cells
+        progress = Progress(point_count(args), enabled=leader and not args.no_progress)
+        if leader:
+            print(f"## {title}\n\n{table.header()}", flush=True)
+
+        def show(row):
+            if leader:
+                progress.print(table.row(cells(row)))
+                progress.step()
+
+        if args.fused:
+            rows = fused.sweep(args, comm, mpi, extra["copy_bandwidth_GBps"] and
+                               extra["copy_bandwidth_GBps"] * 1e9, show)
+        else:
+            rows = sweep(args, comm, mpi, extra, show)
+        progress.close()
+        meta = {"world": comm.world, "platform": _hip.platform(), "device": device.name,
+                "arch": device.arch, "host": socket.gethostname(), "dtype": args.dtype,
+                "max_size": comm.max_size, "mpi_gpu_aware": diagnostics.mpi_gpu_aware(),
+                **extra}
+    wrong = sum(row.get("wrong") or 0 for row in rows)
+    if leader:
+        if not args.fused:
+            print(f"\n{report.LEGEND}")
         if extra["copy_bandwidth_GBps"]:
-            print(f"\ndevice-to-device copy bandwidth (read + write): "
+            print(f"device-to-device copy bandwidth (read + write): "
                   f"{extra['copy_bandwidth_GBps']:.0f} GB/s; hbm_eff = bytes all ranks' kernels "
                   f"must move / time / copy bandwidth")
         if args.json:
             report.save_json(args.json, meta, rows)
-        if args.plot and not args.fused and report.save_plot(args.plot, rows, title):
+        if args.plot:
+            report.save_plot(args.plot, rows, title)
             print(f"plot: {args.plot}")
+        if wrong:
+            print(f"FAILED: {wrong} wrong elements in all (the 'wrong' column)", file=sys.stderr)
+    if wrong:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ them.  On one shared GPU the fused kernel's HBM efficiency is reported: the
 bytes it must move (traffic.fused_shared_gpu_bytes) over its time, against
 the device-to-device copy bandwidth.
 """
-import sys
-
 import numpy as np
 
 import pyar
 from pyar import _hip
 from pyar.bench import measure, traffic
+from pyar.bench.table import Table
 from pyar.comm import algorithms, rmsnorm
 
 GRAPH_CALLS = 20
@@ -67,23 +66,19 @@ def _quant_shapes(kind, hidden):
     return hidden, rmsnorm.FP8_DTYPES[0], groups, np.dtype(np.float32)
 
 
-def sweep(args, comm, mpi, copy_bw):
-    """Rows of per-token-count timings for every --quant kind."""
+def sweep(args, comm, mpi, copy_bw, show):
+    """Rows of per-token-count timings for every --quant kind; ``show(row)``
+    gets each row as soon as it is measured."""
     dtype = np.dtype(args.dtype_value)
     stream = _hip.Stream()
     rows = []
-    total = len(args.quants) * len(args.tokens)
     for kind_name in args.quants:
         kind = None if kind_name == "none" else kind_name
         buffers = Buffers(max(args.tokens), args.hidden, dtype, kind, stream, mpi.Get_rank())
         for tokens in args.tokens:
-            rows += _point(args, comm, mpi, stream, buffers, kind, tokens, dtype, copy_bw)
-            if mpi.Get_rank() == 0 and not args.no_progress:
-                done = len(rows) // 2
-                print(f"\r[{'#' * (30 * done // total):<30}] {done}/{total}", end="",
-                      file=sys.stderr, flush=True)
-    if mpi.Get_rank() == 0 and not args.no_progress:
-        print(file=sys.stderr)
+            for row in _point(args, comm, mpi, stream, buffers, kind, tokens, dtype, copy_bw):
+                rows.append(row)
+                show(row)
     stream.close()
     return rows
 
@@ -146,23 +141,22 @@ COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant",
            ("twostage_us", 11), ("hbm_eff", 7)]
 
 
-def table(rows, title):
-    lines = [f"## {title}", "",
-             "| " + " | ".join(name for name, _ in COLUMNS) + " |",
-             "|" + "|".join("-" * (width + 2) for _, width in COLUMNS) + "|"]
-    for row in rows:
-        cells = []
-        for name, _ in COLUMNS:
-            value = row.get(name)
-            if value is None:
-                cells.append("-")
-            elif name == "hbm_eff":
-                cells.append(f"{value:.0%}")
-            elif name == "speedup":
-                cells.append(f"{value:.2f}x")
-            elif isinstance(value, float):
-                cells.append(f"{value:.2f}")
-            else:
-                cells.append(str(value))
-        lines.append("| " + " | ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS)) + " |")
-    return "\n".join(lines)
+def table():
+    return Table([name for name, _ in COLUMNS], [width for _, width in COLUMNS])
+
+
+def cells(row):
+    formatted = []
+    for name, _ in COLUMNS:
+        value = row.get(name)
+        if value is None:
+            formatted.append(None)
+        elif name == "hbm_eff":
+            formatted.append(f"{value:.0%}")
+        elif name == "speedup":
+            formatted.append(f"{value:.2f}x")
+        elif isinstance(value, float):
+            formatted.append(f"{value:.2f}")
+        else:
+            formatted.append(value)
+    return formatted

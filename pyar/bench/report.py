@@ -1,30 +1,28 @@
-"""Printing and saving benchmark results: an nccl-tests-style table, JSON for
-machines and a PNG plot for people."""
+"""Printing and saving all-reduce benchmark results: an nccl-tests-style
+table printed a row at a time, JSON for machines and a PNG plot for people."""
+import importlib.util
 import json
 
-
-def human_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
-        n /= 1024
-
+from pyar.bench.sizes import human_bytes
+from pyar.bench.table import Table
 
 COLUMNS = [("size", 10), ("count", 11), ("type", 9), ("algo", 13), ("mode", 10),
-           ("time_us", 10), ("algbw_GBps", 11), ("busbw_GBps", 11), ("hbm_eff", 8)]
+           ("time_us", 10), ("algbw_GBps", 10), ("busbw_GBps", 10), ("wrong", 5),
+           ("vs_mpi", 6), ("hbm_eff", 7)]
+LEGEND = ("mpi/host: the same sum through the host (device-to-host copy, mpi4py Allreduce, "
+          "copy back), timed the same way; vs_mpi: pyar's time over it (below 1: pyar is "
+          "faster); wrong: elements that differ from the exact sum, all ranks (- unchecked)")
 
 
-def table(rows, title):
-    lines = [f"## {title}", "",
-             "| " + " | ".join(name for name, _ in COLUMNS) + " |",
-             "|" + "|".join("-" * (width + 2) for _, width in COLUMNS) + "|"]
-    for row in rows:
-        cells = [human_bytes(row["bytes"]), str(row["count"]), row["dtype"], row["algo"],
-                 row["mode"], f"{row['time_us']:.2f}", f"{row['algbw_GBps']:.2f}",
-                 f"{row['busbw_GBps']:.2f}",
-                 "-" if row.get("hbm_eff") is None else f"{row['hbm_eff']:.0%}"]
-        lines.append("| " + " | ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS)) + " |")
-    return "\n".join(lines)
+def table():
+    return Table([name for name, _ in COLUMNS], [width for _, width in COLUMNS])
+
+
+def cells(row):
+    return [human_bytes(row["bytes"]), row["count"], row["dtype"], row["algo"], row["mode"],
+            f"{row['time_us']:.2f}", f"{row['algbw_GBps']:.2f}", f"{row['busbw_GBps']:.2f}",
+            row.get("wrong"), None if row.get("vs_mpi") is None else f"{row['vs_mpi']:.2f}",
+            None if row.get("hbm_eff") is None else f"{row['hbm_eff']:.0%}"]
 
 
 def save_json(path, meta, rows):
@@ -32,25 +30,27 @@ def save_json(path, meta, rows):
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
+def can_plot():
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def save_plot(path, rows, title):
-    """A latency-versus-size plot per (algo, input); skipped without matplotlib."""
+    """A latency-versus-size plot per (algo, input)."""
     series = {}
     for row in rows:
         requested = row["algo"].split(":")[0]  # "auto:twoshot" is one auto series
         series.setdefault(f"{requested} ({row['mode']})", []).append(
             (row["bytes"], row["time_us"]))
-    return plot_latency(path, series, title)
+    plot_latency(path, series, title)
 
 
 def plot_latency(path, series, title):
     """Time per all-reduce against size, log-log, a line per label of
-    ``series`` ({label: [(bytes, microseconds)]}); False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    ``series`` ({label: [(bytes, microseconds)]}).  Needs matplotlib (the
+    ``plot`` extra); callers check ``can_plot()`` before measuring."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for label, points in sorted(series.items()):
         ax.plot(*zip(*points), marker="o", label=label)
@@ -64,4 +64,3 @@ def plot_latency(path, series, title):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True

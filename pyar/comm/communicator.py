@@ -7,7 +7,7 @@ import weakref
 import ml_dtypes
 import numpy as np
 
-from pyar import _hip, _kernels
+from pyar import _hip, _kernels, diagnostics
 from pyar.array import DeviceArray, asarray, empty
 from pyar.comm import algorithms, exchange, layout, rmsnorm, topology
 from pyar.comm.errors import CollectiveTimeout, PeerAccessError
@@ -121,6 +121,7 @@ class Communicator:
         self._scratch_offset = lay.signal_bytes
         self._partial_offset = lay.signal_bytes + self.max_size
         bus_ids = node.allgather(exchange.run_everywhere(node, self._bus_id))
+        exchange.run_everywhere(node, diagnostics.require_mps, bus_ids)
         exchange.run_everywhere(node, topology.enable_peer_access, self.device, self.rank,
                                 bus_ids)
         exported = exchange.run_everywhere(node, self._allocate)

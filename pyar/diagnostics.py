@@ -1,0 +1,231 @@
+"""Is this machine ready to run pyar, and if not, what is missing.
+
+Each check raises ``NotReady`` with three parts: what was found, what pyar
+needs, and the command that fixes it.  ``exit_unless_ready`` runs them on
+every rank of an MPI program before it builds a Communicator, prints the
+first problem once (from rank 0) and ends every rank with a non-zero status,
+instead of one traceback per rank.  ``python -m pyar`` prints the same facts
+as a report.
+
+Checks: a GPU runtime library; a visible GPU; code objects for its arch;
+and on NVIDIA, when several ranks share one GPU, the MPS daemon (without it
+the GPU time-slices the processes and a collective takes milliseconds: on
+the H200, 20 591 us per 16 MiB all-reduce at 4 ranks against 112 us with
+MPS).  MPI is imported only by the functions that take a communicator.
+"""
+import ctypes
+import os
+import stat
+import sys
+
+from pyar import _hip, _kernels
+from pyar._kernels import targets
+
+# The code objects a Communicator loads; the others (test kernels) are optional.
+REQUIRED_KERNELS = ("allreduce", "allreduce_rmsnorm")
+VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+MPS_START = ("export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; "
+             "mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY; "
+             "nvidia-cuda-mps-control -d")
+
+
+class NotReady(RuntimeError):
+    """pyar cannot run here: ``found``, what it ``needs``, and the ``fix``."""
+
+    def __init__(self, found, needs, fix):
+        super().__init__(f"{found}\n  pyar needs: {needs}\n  fix: {fix}")
+        self.found = found
+        self.needs = needs
+        self.fix = fix
+
+    def __reduce__(self):
+        return type(self), (self.found, self.needs, self.fix)
+
+
+def require_runtime():
+    """The loaded platform (``"hip"`` or ``"cuda"``)."""
+    try:
+        return _hip.platform()
+    except _hip.RuntimeNotFoundError as exc:
+        raise NotReady(
+            f"no GPU runtime library could be loaded ({exc.tried})",
+            "ROCm's libamdhip64 (AMD GPUs) or the NVIDIA driver's libcuda.so.1",
+            "install the GPU driver (NVIDIA: the driver package that provides libcuda.so.1; "
+            "AMD: ROCm's HIP runtime, e.g. `apt-get install rocm-hip-runtime`), or point "
+            "PYAR_CUDA_LIBRARY / PYAR_HIP_LIBRARY at the library") from None
+
+
+def require_gpu():
+    """The number of visible GPUs (at least one)."""
+    platform = require_runtime()
+    try:
+        count = _hip.get_device_count()
+        error = None
+    except _hip.HipError as exc:
+        count, error = 0, exc.name
+    if count:
+        return count
+    library = _hip.library_path()
+    hidden = [f"{name}={os.environ[name]!r}" for name in VISIBILITY_VARIABLES
+              if name in os.environ]
+    raise NotReady(
+        f"no GPU: the {platform} runtime ({library}, version {runtime_version_text()}) sees no "
+        f"device ({error or 'device count 0'})"
+        + (f"; {', '.join(hidden)} is set" if hidden else ""),
+        "at least one AMD or NVIDIA GPU visible to this process",
+        "run on a machine with a GPU (`nvidia-smi` or `rocm-smi` lists the ones the driver "
+        "sees)" + ("; unset or correct " + ", ".join(n.split("=")[0] for n in hidden)
+                   if hidden else ""))
+
+
+def runtime_version_text():
+    """The loaded runtime's version as people write it, with the raw number:
+    HIP encodes major * 10**7 + minor * 10**5 + patch, CUDA major * 1000 +
+    minor * 10."""
+    try:
+        raw = _hip.runtime_version()
+    except _hip.HipError as exc:
+        return f"unknown ({exc.name})"
+    if _hip.platform() == "hip":
+        return f"{raw // 10**7}.{raw // 10**5 % 100}.{raw % 10**5} ({raw})"
+    return f"{raw // 1000}.{raw % 1000 // 10} ({raw})"
+
+
+def shipped_targets(name):
+    """{flavour: targets} of code object ``name`` as built: ``"fatbin"``:
+    [(kind, sm arch)], ``"hsaco"``: [gfx arch]; a flavour not built is absent."""
+    found = {}
+    for flavour, read in (("fatbin", targets.fatbin_targets), ("hsaco", targets.bundle_targets)):
+        path = os.path.join(os.path.dirname(_kernels.__file__), f"{name}.{flavour}")
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                found[flavour] = read(f.read())
+    return found
+
+
+def kernels_run_on(platform, arch):
+    """Whether every required code object has code that runs on ``arch``."""
+    for name in REQUIRED_KERNELS:
+        shipped = shipped_targets(name)
+        if platform == "cuda":
+            if not targets.cuda_runs_on(shipped.get("fatbin", []), arch):
+                return False
+        elif not targets.hip_runs_on(shipped.get("hsaco", []), arch):
+            return False
+    return True
+
+
+def require_kernels(ordinal):
+    """Raise NotReady unless pyar's code objects run on GPU ``ordinal``."""
+    platform = _hip.platform()
+    arch = _hip.Device(ordinal).arch
+    if kernels_run_on(platform, arch):
+        return
+    flavour = "fatbin" if platform == "cuda" else "hsaco"
+    shipped = sorted({t if isinstance(t, str) else f"{t[0]}:{t[1]}"
+                      for t in shipped_targets(REQUIRED_KERNELS[0]).get(flavour, [])})
+    compiler = "nvcc" if platform == "cuda" else "ROCm's hipcc"
+    raise NotReady(
+        f"GPU {ordinal} is {_hip.Device(ordinal).name} ({arch}); pyar's {platform} code objects "
+        f"hold {', '.join(shipped) if shipped else 'nothing'}",
+        f"kernels compiled for {arch.split(':')[0]}",
+        f"reinstall with {compiler} on PATH: `PYAR_GPU_ARCHS={arch.split(':')[0]} "
+        "pip install -e .` in pyar's source tree")
+
+
+def mps_pipe_directory():
+    return os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+
+
+def mps_running():
+    """Whether an MPS control daemon listens where this process's CUDA
+    driver would connect: its named pipes are in the pipe directory."""
+    directory = mps_pipe_directory()
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            mode = os.stat(os.path.join(directory, entry)).st_mode
+        except OSError:
+            continue
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            return True
+    return False
+
+
+def require_mps(bus_ids):
+    """Raise NotReady when ranks share an NVIDIA GPU (equal entries of
+    ``bus_ids``, one per rank) and no MPS daemon runs.  ``PYAR_REQUIRE_MPS=0``
+    lets them time-slice anyway (correct, but milliseconds per call)."""
+    if _hip.platform() != "cuda" or len(set(bus_ids)) == len(bus_ids):
+        return
+    if os.environ.get("PYAR_REQUIRE_MPS", "1").strip() == "0" or mps_running():
+        return
+    shared = max(set(bus_ids), key=bus_ids.count)
+    raise NotReady(
+        f"{bus_ids.count(shared)} ranks share GPU {shared} and no MPS daemon runs "
+        f"(no pipes in {mps_pipe_directory()}); without MPS the GPU time-slices the ranks and "
+        "every collective waits milliseconds for its peers",
+        "NVIDIA MPS when ranks share a GPU, or one GPU per rank",
+        f"`{MPS_START}` before mpirun (stop it with `echo quit | nvidia-cuda-mps-control`); "
+        "or PYAR_REQUIRE_MPS=0 to run slowly anyway")
+
+
+def mpi_gpu_aware():
+    """True or False when the MPI library says whether it takes device
+    pointers (Open MPI's MPIX_Query_cuda_support / _rocm_support), else None."""
+    process = ctypes.CDLL(None)
+    answers = []
+    for symbol in ("MPIX_Query_cuda_support", "MPIX_Query_rocm_support"):
+        query = getattr(process, symbol, None)
+        if query is not None:
+            answers.append(bool(query()))
+    return any(answers) if answers else None
+
+
+def node_problem(mpi_comm):
+    """The first problem any rank of ``mpi_comm`` finds, as (rank, NotReady),
+    or None; collective, and every rank gets the same answer.  Ranks use GPU
+    node-local rank % count, as a Communicator does by default."""
+    from mpi4py import MPI
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    try:
+        bus_id, problem = None, None
+        try:
+            ordinal = node.Get_rank() % require_gpu()
+            require_kernels(ordinal)
+            bus_id = _hip.Device(ordinal).pci_bus_id
+        except NotReady as exc:
+            problem = exc
+        except Exception as exc:  # any rank's failure must reach every rank, not hang them
+            problem = NotReady(f"{type(exc).__name__}: {exc}", "a working GPU runtime",
+                               "`python -m pyar` shows what pyar sees")
+        bus_ids = node.allgather(bus_id)
+        if problem is None and None not in bus_ids:
+            try:
+                require_mps(bus_ids)
+            except NotReady as exc:
+                problem = exc
+        found = mpi_comm.allgather(problem)
+    finally:
+        node.Free()
+    for rank, reported in enumerate(found):
+        if reported is not None:
+            return rank, reported
+    return None
+
+
+def exit_unless_ready(mpi_comm, program=None):
+    """End every rank with status 1 when a rank finds pyar cannot run, after
+    rank 0 printed the problem once; return quietly when all is well."""
+    result = node_problem(mpi_comm)
+    if result is None:
+        return
+    rank, problem = result
+    if mpi_comm.Get_rank() == 0:
+        program = program or os.path.basename(sys.argv[0]) or "pyar"
+        where = f" (rank {rank})" if mpi_comm.Get_size() > 1 else ""
+        print(f"{program}: pyar cannot run here{where}: {problem}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
