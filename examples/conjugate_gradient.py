@@ -30,7 +30,7 @@ class DeviceSum:
     def __init__(self, comm, length, stream):
         self.comm = comm
         self.stream = stream
-        self.buffer = pyar.empty((length,), np.float32, stream=stream)
+        self.buffer = pyar.empty((length,), np.float32, stream=stream, ipc=True)
         comm.register(self.buffer)
 
     def __call__(self, values):

@@ -1,0 +1,222 @@
+# cython: language_level=3
+"""The eager hot path of a Communicator: a call whose signature was seen
+before replays the launches planned for it.
+
+The first call of a signature runs every check and plans its launches (the
+Python code of communicator.py); ``_remember_*`` then compiles those steps
+into a ``LaunchSequence`` with the arguments packed once.  A later call with
+the same signature -- the same input and output memory (address, shape,
+dtype, device, read-only), algorithm and stream -- finds the plan by that key
+and queues it: what the checks looked at is in the key, so they would pass
+again.  Only the call numbers (patched per call) and a fresh output's address
+change between replays.
+
+A signature is not replayed, but checked and planned again, when anything
+else the checks depend on may have changed: the communicator is closed,
+failed or debugging (PYAR_DEBUG checks every call across ranks), a kernel
+timed out, the stream is capturing (captures register their inputs), an
+array's memory was freed, a foreign array moved or its library's current
+stream is not the call's; and every plan is forgotten when the buffer
+registry changes (``_forget_plans``).
+"""
+from libc.stdint cimport uint32_t, uintptr_t
+
+from pyar._hip import (
+    DeviceMemory, IpcMapping, LaunchSequence, PoolMemory, Stream, stream_is_capturing,
+    stream_ordered_memory,
+)
+from pyar.array import DeviceArray
+from pyar.array.foreign import ForeignViews
+
+PLAN_LIMIT = 4096  # signatures remembered before the cache starts over
+_POINTER_KINDS = ("ptr", "pointer")
+_OWNERS = (DeviceMemory, PoolMemory, IpcMapping)
+
+
+cdef class Plan:
+    """One signature's launches and how to produce its result."""
+    cdef readonly object sequence   # LaunchSequence: run(stream, first_call, out)
+    cdef readonly list descriptions # (kind, details) of each numbered launch
+    cdef readonly object fresh      # (shape, dtype, nbytes) of a new output, or None
+    cdef readonly object out_dtype  # the given output's dtype (for a view of it)
+    cdef readonly tuple returns     # allreduce_rmsnorm: which argument each output is
+
+    def __init__(self, sequence, descriptions, fresh=None, out_dtype=None, returns=()):
+        self.sequence = sequence
+        self.descriptions = descriptions
+        self.fresh = fresh
+        self.out_dtype = out_dtype
+        self.returns = returns
+
+
+cdef inline object stream_key(stream):
+    """The handle of ``stream`` when it can be read without converting it, else None."""
+    if stream is None:
+        return 0
+    if type(stream) is Stream:
+        return None if stream.closed else stream.handle
+    if type(stream) is int and stream >= 0:
+        return stream
+    return None
+
+
+cdef class EagerCalls:
+    """State the hot path reads at C level; Communicator derives from it."""
+    cdef public bint _closed
+    cdef public object _failure
+    cdef public bint debug
+    cdef public int world
+    cdef public unsigned long long _calls
+    cdef public object _call_log
+    cdef public int _call_log_size
+    cdef public uintptr_t _error_ptr   # host-visible timeout record, 0 until allocated
+    cdef public object _sequence_type  # what plans are compiled into
+    cdef readonly dict _plans
+    cdef readonly object _foreign
+
+    def __cinit__(self, *args, **kwargs):
+        self._plans = {}
+        self._foreign = ForeignViews()
+        self._sequence_type = LaunchSequence
+        self._call_log_size = 4096
+
+    def _forget_plans(self):
+        """Plan every signature afresh (the registry or the state changed)."""
+        self._plans.clear()
+        self._foreign.clear()
+
+    cdef inline bint _replayable(self):
+        if self._closed or self._failure is not None or self.debug:
+            return False
+        return self._error_ptr == 0 or (<uint32_t*>self._error_ptr)[0] == 0
+
+    cdef object _replay_handle(self, stream):
+        """The stream handle of a call that may replay or be planned, else None."""
+        if not self._replayable():
+            return None
+        handle = stream_key(stream)
+        if handle is None or (handle and stream_is_capturing(handle)):
+            return None
+        return handle
+
+    cdef object _describe(self, a, uintptr_t stream):
+        """The key of an array argument: (address, shape, dtype, device,
+        read-only), or None when it must go through the full checks."""
+        if type(a) is DeviceArray:
+            owner = a._owner
+            if isinstance(owner, _OWNERS) and owner.closed:
+                return None  # the checks raise: the memory was freed
+            device = a._device
+            if device is None:
+                return None  # looked up by the checks, once
+            return (a._ptr, a._shape, a._dtype, device, a._readonly)
+        if a is None:
+            return None
+        return self._foreign.lookup(a, stream)
+
+    cdef object _key(self, str kind, tuple arrays, tuple rest, uintptr_t handle):
+        """The plan key of a call, or None when it cannot be replayed."""
+        cdef list parts = [kind, handle]
+        for a in arrays:
+            if a is None:
+                parts.append(None)
+                continue
+            d = self._describe(a, handle)
+            if d is None:
+                return None
+            parts.append(d)
+        return (*parts, *rest)
+
+    cdef _run(self, Plan plan, uintptr_t handle, uintptr_t out):
+        cdef unsigned long long first = self._calls
+        cdef int i
+        plan.sequence.run(handle, first & 0xFFFFFFFF, out)
+        log = self._call_log
+        for i in range(len(plan.descriptions)):
+            kind, details = plan.descriptions[i]
+            log[(first + i) % self._call_log_size] = (kind, first + i, details)
+        self._calls = first + len(plan.descriptions)
+
+    cdef tuple _lookup(self, str kind, tuple arrays, tuple rest, stream):
+        """(plan, key, stream handle) of a call planned before, else None."""
+        h = self._replay_handle(stream)
+        if h is None:
+            return None
+        key = self._key(kind, arrays, rest, h)
+        if key is None:
+            return None
+        plan = self._plans.get(key)
+        return None if plan is None else (plan, key, h)
+
+    def _replay_allreduce(self, x, out, algo, stream):
+        """``out`` (or a new array) with the planned launches queued, when
+        this signature was planned before; else None."""
+        cdef Plan plan
+        found = self._lookup("allreduce", (x, out), (algo,), stream)
+        if found is None:
+            return None
+        plan, key, handle = found
+        if plan.fresh is not None:
+            if handle and type(stream) is not Stream:
+                return None
+            shape, dtype, nbytes = plan.fresh
+            memory = stream_ordered_memory(nbytes, stream)
+            result = DeviceArray._make(memory.ptr, shape, dtype, memory, memory.device,
+                                       stream if handle else None, False)
+            self._run(plan, handle, memory.ptr)
+            return result
+        self._run(plan, handle, 0)
+        if type(out) is DeviceArray:
+            return out
+        ptr, shape, _, device, readonly = key[3]
+        return DeviceArray._make(ptr, shape, plan.out_dtype, out, device, None, readonly)
+
+    def _replay_rmsnorm(self, tuple arrays, tuple scalars, stream):
+        """(out, residual_out, quantized, scales) of a planned
+        allreduce_rmsnorm signature, its launches queued; else None.
+        ``arrays``: (x, residual, weight, out, residual_out, quantized, scales)."""
+        cdef Plan plan
+        for a in arrays:
+            if a is not None and type(a) is not DeviceArray:
+                return None
+        found = self._lookup("allreduce_rmsnorm", arrays, scalars, stream)
+        if found is None:
+            return None
+        plan, _, handle = found
+        self._run(plan, handle, 0)
+        return tuple([None if i < 0 else arrays[i] for i in plan.returns])
+
+    def _remember(self, str kind, tuple arrays, tuple rest, stream, list steps, fresh=None,
+                  out_dtype=None, returns=()):
+        """Compile the steps a checked call ran into the plan of its signature.
+        ``steps``: ("copy", dst, src, nbytes) and ("kernel", function, grid,
+        block, args, kind, details), the call number following ``args``.
+        ``fresh``: (shape, dtype, nbytes, (start, end)) of the output the
+        call allocated, whose address each replay replaces."""
+        cdef uintptr_t handle
+        h = self._replay_handle(stream)
+        if h is None:
+            return
+        handle = h
+        key = self._key(kind, arrays, rest, handle)
+        if key is None:
+            return
+        start, end = (0, 0) if fresh is None else fresh[3]
+        sequence = self._sequence_type()
+        descriptions = []
+        for step in steps:
+            if step[0] == "copy":
+                _, dst, src, nbytes = step
+                sequence.add_copy(dst, src, nbytes,
+                                  out_offset=dst - start if start <= dst < end else None)
+                continue
+            _, function, grid, block, args, what, details = step
+            moved = {i: a - start for i, a in enumerate(args)
+                     if start <= a < end and function.argtypes[i] in _POINTER_KINDS}
+            sequence.add_kernel(function, grid, block, (*args, 0), call_arg=len(args),
+                                out_args=moved)
+            descriptions.append((what, details))
+        if len(self._plans) >= PLAN_LIMIT:
+            self._plans.clear()
+        self._plans[key] = Plan(sequence, descriptions,
+                                None if fresh is None else fresh[:3], out_dtype, returns)
