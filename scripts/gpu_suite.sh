@@ -17,7 +17,7 @@
 # leased machine's time limit still leaves room for the summary.
 #
 # Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl, scenarios.log,
-# launch.json, bench.json, bench_w8.png, versus_w*.{json,png}, summary.md.
+# launch.json, launch_calls_w*.json, bench.json, bench_w8.png, versus_w*.{json,png}, summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -69,6 +69,12 @@ if [ "$BENCH" = 1 ] && wants launch; then
   echo "== launch overhead"
   timeout -k 5 "$BENCH_SECONDS" $PYTHON benchmarks/launch_overhead.py --json "$OUT/launch.json" \
     2>&1 | tee "$work/launch.txt"
+  for w in 1 $BENCH_WORLDS; do
+    echo "== whole eager calls, $w rank(s) on one GPU"
+    timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
+      $PYTHON benchmarks/launch_overhead.py --collectives --json "$OUT/launch_calls_w$w.json" \
+      2>&1 | tee "$work/launch_calls_w$w.txt"
+  done
 fi
 if [ "$BENCH" = 1 ] && wants allreduce; then
   for w in $BENCH_WORLDS; do

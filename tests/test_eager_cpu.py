@@ -110,7 +110,9 @@ def test_a_repeated_call_replays_its_plan(comm):
     assert comm.prepared == 1 and len(comm.function.launches) == 1  # nothing checked again
     assert plan.runs == [(0, 1, 0), (0, 2, 0), (0, 3, 0)]  # call numbers go on
     assert comm._calls == 4
-    assert comm._call_log[3] == ("allreduce", 3, "(oneshot, 1000 x float16)")
+    assert comm._replayed_call(3) == "allreduce call 3 (oneshot, 1000 x float16)"
+    assert comm._replayed_call(0) is None  # checked: in the call log
+    assert comm._call_log[0] == "allreduce call 0 (oneshot, 1000 x float16)"
     # A new object over the same memory is the same signature.
     assert comm.allreduce(array(X), out=array(Y)) is not None
     assert comm.prepared == 1 and len(plan.runs) == 4
@@ -164,6 +166,28 @@ def test_a_freed_array_is_checked_again(comm):
         comm.allreduce(array(X, owner=freed), out=array(Y))
     with pytest.raises(ValueError, match="was freed"):
         comm.allreduce(array(X), out=array(Y, owner=freed))
+
+
+class Memory(_hip.PoolMemory):
+    """Pool memory whose freeing a test decides."""
+    closed = False
+
+    def __init__(self):
+        pass
+
+
+def test_memory_freed_under_a_replayed_array_is_caught(comm):
+    memory = Memory()
+    x, y = array(X, owner=memory), array(Y)
+    comm.allreduce(x, out=y)
+    comm.allreduce(x, out=y)  # replayed, found by the arrays' identity
+    assert len(Sequence.made[0].runs) == 1
+    memory.closed = True
+    with pytest.raises(ValueError, match="was freed"):
+        comm.allreduce(x, out=y)
+    with pytest.raises(ValueError, match="was freed"):
+        comm.allreduce(y, out=x)
+    assert len(Sequence.made[0].runs) == 1
 
 
 def test_closed_or_failed_communicators_are_not_replayed(comm):

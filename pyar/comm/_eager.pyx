@@ -19,7 +19,11 @@ array's memory was freed, a foreign array moved or its library's current
 stream is not the call's; and every plan is forgotten when the buffer
 registry changes (``_forget_plans``).
 """
+import weakref
+
 from libc.stdint cimport uint32_t, uintptr_t
+
+DEF CALL_LOG = 4096  # replayed calls remembered for timeout reports
 
 from pyar._hip import (
     DeviceMemory, IpcMapping, LaunchSequence, PoolMemory, Stream, stream_is_capturing,
@@ -31,6 +35,9 @@ from pyar.array.foreign import ForeignViews
 PLAN_LIMIT = 4096  # signatures remembered before the cache starts over
 _POINTER_KINDS = ("ptr", "pointer")
 _OWNERS = (DeviceMemory, PoolMemory, IpcMapping)
+# Plan keys name dtypes by id; the dtypes of every plan stay alive here, so
+# an id is never another dtype's (a handful of objects, most immortal anyway).
+_KEYED_DTYPES = set()
 
 
 cdef class Plan:
@@ -68,21 +75,25 @@ cdef class EagerCalls:
     cdef public int world
     cdef public unsigned long long _calls
     cdef public object _call_log
-    cdef public int _call_log_size
+    cdef list _replayed                      # call number % CALL_LOG -> (kind, details)
+    cdef unsigned long long _replayed_numbers[CALL_LOG]
     cdef public uintptr_t _error_ptr   # host-visible timeout record, 0 until allocated
     cdef public object _sequence_type  # what plans are compiled into
     cdef readonly dict _plans
+    cdef dict _by_identity  # (id(x), id(out), algo, stream) -> (x ref, out ref, plan)
     cdef readonly object _foreign
 
     def __cinit__(self, *args, **kwargs):
         self._plans = {}
+        self._by_identity = {}
         self._foreign = ForeignViews()
         self._sequence_type = LaunchSequence
-        self._call_log_size = 4096
+        self._replayed = [None] * CALL_LOG
 
     def _forget_plans(self):
         """Plan every signature afresh (the registry or the state changed)."""
         self._plans.clear()
+        self._by_identity.clear()
         self._foreign.clear()
 
     cdef inline bint _replayable(self):
@@ -101,18 +112,22 @@ cdef class EagerCalls:
 
     cdef object _describe(self, a, uintptr_t stream):
         """The key of an array argument: (address, shape, dtype, device,
-        read-only), or None when it must go through the full checks."""
+        read-only), or None when it must go through the full checks.  The
+        key names the dtype by id: the plan holds the dtype itself."""
         if type(a) is DeviceArray:
-            owner = a._owner
-            if isinstance(owner, _OWNERS) and owner.closed:
+            if not self._unfreed(a):
                 return None  # the checks raise: the memory was freed
             device = a._device
             if device is None:
                 return None  # looked up by the checks, once
-            return (a._ptr, a._shape, a._dtype, device, a._readonly)
+            return (a._ptr, a._shape, id(a._dtype), device, a._readonly)
         if a is None:
             return None
-        return self._foreign.lookup(a, stream)
+        found = self._foreign.lookup(a, stream)
+        if found is None:
+            return None
+        ptr, shape, dtype, device, readonly = found
+        return (ptr, shape, id(dtype), device, readonly)
 
     cdef object _key(self, str kind, tuple arrays, tuple rest, uintptr_t handle):
         """The plan key of a call, or None when it cannot be replayed."""
@@ -129,13 +144,29 @@ cdef class EagerCalls:
 
     cdef _run(self, Plan plan, uintptr_t handle, uintptr_t out):
         cdef unsigned long long first = self._calls
-        cdef int i
+        cdef unsigned long long number
+        cdef Py_ssize_t i, slot
         plan.sequence.run(handle, first & 0xFFFFFFFF, out)
-        log = self._call_log
         for i in range(len(plan.descriptions)):
-            kind, details = plan.descriptions[i]
-            log[(first + i) % self._call_log_size] = (kind, first + i, details)
+            number = first + i
+            slot = (number & 0xFFFFFFFF) % CALL_LOG
+            self._replayed[slot] = plan.descriptions[i]
+            self._replayed_numbers[slot] = number
         self._calls = first + len(plan.descriptions)
+
+    def _replayed_call(self, uint32_t call):
+        """How the replayed call with kernel call number ``call`` is described
+        in a timeout report; None when the last call with it was checked."""
+        cdef Py_ssize_t slot = call % CALL_LOG
+        entry = self._replayed[slot]
+        if entry is None:
+            return None
+        kind, details = entry
+        return f"{kind} call {self._replayed_numbers[slot]} {details}"
+
+    def _checked_call(self, uint32_t call):
+        """A checked call took number ``call``: the call log describes it."""
+        self._replayed[call % CALL_LOG] = None
 
     cdef tuple _lookup(self, str kind, tuple arrays, tuple rest, stream):
         """(plan, key, stream handle) of a call planned before, else None."""
@@ -148,11 +179,38 @@ cdef class EagerCalls:
         plan = self._plans.get(key)
         return None if plan is None else (plan, key, h)
 
+    cdef tuple _lookup_allreduce(self, x, out, algo, stream):
+        """``_lookup`` of an all-reduce, first by the identity of pyar arrays
+        seen before: a DeviceArray's memory, shape, dtype and device never
+        change, so only its memory's being freed must be checked again."""
+        h = self._replay_handle(stream)
+        if h is None:
+            return None
+        identity = (id(x), id(out), algo, h)
+        seen = self._by_identity.get(identity)
+        if seen is not None:
+            x_ref, out_ref, plan, key = seen
+            if x_ref() is x and (out is None or out_ref() is out) and self._unfreed(x) \
+                    and (out is None or self._unfreed(out)):
+                return plan, key, h
+        found = self._lookup("allreduce", (x, out), (algo,), stream)
+        if found is not None and type(x) is DeviceArray and \
+                (out is None or type(out) is DeviceArray):
+            if len(self._by_identity) >= PLAN_LIMIT:
+                self._by_identity.clear()
+            self._by_identity[identity] = (weakref.ref(x), None if out is None
+                                           else weakref.ref(out), found[0], found[1])
+        return found
+
+    cdef inline bint _unfreed(self, a):
+        owner = a._owner
+        return not (isinstance(owner, _OWNERS) and owner.closed)
+
     def _replay_allreduce(self, x, out, algo, stream):
         """``out`` (or a new array) with the planned launches queued, when
         this signature was planned before; else None."""
         cdef Plan plan
-        found = self._lookup("allreduce", (x, out), (algo,), stream)
+        found = self._lookup_allreduce(x, out, algo, stream)
         if found is None:
             return None
         plan, key, handle = found
@@ -216,6 +274,10 @@ cdef class EagerCalls:
             sequence.add_kernel(function, grid, block, (*args, 0), call_arg=len(args),
                                 out_args=moved)
             descriptions.append((what, details))
+        for a in arrays:
+            if a is not None:
+                _KEYED_DTYPES.add(a._dtype if type(a) is DeviceArray
+                                  else self._foreign.lookup(a, handle)[2])
         if len(self._plans) >= PLAN_LIMIT:
             self._plans.clear()
         self._plans[key] = Plan(sequence, descriptions,

@@ -26,6 +26,7 @@ _KERNEL_TYPES = {
 # Host-visible error record the kernels write on timeout: [0] timed out,
 # [1 + r] rank r never arrived, [1 + max ranks] the call's sequence number.
 _ERROR_WORDS = 2 + MAX_WORLD
+_CALL_LOG = 4096
 
 
 def _env_flag(name):
@@ -240,11 +241,9 @@ class Communicator(_eager.EagerCalls):
         if words is None or not words[0]:
             return
         missing = [r for r in range(self.world) if words[1 + r]]
-        logged = self._call_log.get(int(words[1 + MAX_WORLD]) % self._call_log_size)
-        if logged is None:
-            call = "a collective"
-        else:  # replayed calls log (kind, number, details)
-            call = logged if isinstance(logged, str) else "{} call {} {}".format(*logged)
+        number = int(words[1 + MAX_WORLD])
+        call = (self._replayed_call(number) or self._call_log.get(number % _CALL_LOG)
+                or "a collective")
         self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
         raise self._failure
 
@@ -464,7 +463,8 @@ class Communicator(_eager.EagerCalls):
         """The 32-bit sequence number the kernel reports on timeout; the log
         turns it back into a description of the call."""
         call = self._calls & 0xFFFFFFFF
-        self._call_log[call % self._call_log_size] = f"{kind} call {self._calls} {details}"
+        self._call_log[call % _CALL_LOG] = f"{kind} call {self._calls} {details}"
+        self._checked_call(call)
         self._calls += 1
         return call
 
