@@ -80,7 +80,7 @@ cdef class EagerCalls:
     cdef public uintptr_t _error_ptr   # host-visible timeout record, 0 until allocated
     cdef public object _sequence_type  # what plans are compiled into
     cdef readonly dict _plans
-    cdef dict _by_identity  # (id(x), id(out), algo, stream) -> (x ref, out ref, plan)
+    cdef dict _by_identity  # (kind, stream, rest, ids) -> (array refs, plan, key)
     cdef readonly object _foreign
 
     def __cinit__(self, *args, **kwargs):
@@ -169,38 +169,50 @@ cdef class EagerCalls:
         self._replayed[call % CALL_LOG] = None
 
     cdef tuple _lookup(self, str kind, tuple arrays, tuple rest, stream):
-        """(plan, key, stream handle) of a call planned before, else None."""
+        """(plan, key, stream handle) of a call planned before, else None.
+
+        Found first by the identity of the pyar arrays of a call seen before:
+        a DeviceArray's memory, shape, dtype and device never change, so
+        only its memory's being freed must be checked again; else by the
+        arrays' descriptions (``_describe``)."""
+        cdef list ids
         h = self._replay_handle(stream)
         if h is None:
             return None
+        ids = [kind, h, rest]
+        for a in arrays:
+            ids.append(id(a))
+        identity = tuple(ids)
+        seen = self._by_identity.get(identity)
+        if seen is not None and self._same_arrays(seen[0], arrays):
+            return seen[1], seen[2], h
         key = self._key(kind, arrays, rest, h)
         if key is None:
             return None
         plan = self._plans.get(key)
-        return None if plan is None else (plan, key, h)
-
-    cdef tuple _lookup_allreduce(self, x, out, algo, stream):
-        """``_lookup`` of an all-reduce, first by the identity of pyar arrays
-        seen before: a DeviceArray's memory, shape, dtype and device never
-        change, so only its memory's being freed must be checked again."""
-        h = self._replay_handle(stream)
-        if h is None:
+        if plan is None:
             return None
-        identity = (id(x), id(out), algo, h)
-        seen = self._by_identity.get(identity)
-        if seen is not None:
-            x_ref, out_ref, plan, key = seen
-            if x_ref() is x and (out is None or out_ref() is out) and self._unfreed(x) \
-                    and (out is None or self._unfreed(out)):
-                return plan, key, h
-        found = self._lookup("allreduce", (x, out), (algo,), stream)
-        if found is not None and type(x) is DeviceArray and \
-                (out is None or type(out) is DeviceArray):
-            if len(self._by_identity) >= PLAN_LIMIT:
-                self._by_identity.clear()
-            self._by_identity[identity] = (weakref.ref(x), None if out is None
-                                           else weakref.ref(out), found[0], found[1])
-        return found
+        refs = []
+        for a in arrays:
+            if a is not None and type(a) is not DeviceArray:
+                return plan, key, h  # foreign arrays are probed every call
+            refs.append(None if a is None else weakref.ref(a))
+        if len(self._by_identity) >= PLAN_LIMIT:
+            self._by_identity.clear()
+        self._by_identity[identity] = (tuple(refs), plan, key)
+        return plan, key, h
+
+    cdef bint _same_arrays(self, tuple refs, tuple arrays):
+        cdef Py_ssize_t i
+        for i in range(len(arrays)):
+            a = arrays[i]
+            ref = refs[i]
+            if a is None:
+                if ref is not None:
+                    return False
+            elif ref is None or ref() is not a or not self._unfreed(a):
+                return False
+        return True
 
     cdef inline bint _unfreed(self, a):
         owner = a._owner
@@ -210,7 +222,7 @@ cdef class EagerCalls:
         """``out`` (or a new array) with the planned launches queued, when
         this signature was planned before; else None."""
         cdef Plan plan
-        found = self._lookup_allreduce(x, out, algo, stream)
+        found = self._lookup("allreduce", (x, out), (algo,), stream)
         if found is None:
             return None
         plan, key, handle = found

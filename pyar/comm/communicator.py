@@ -260,15 +260,17 @@ class Communicator(_eager.EagerCalls):
         if isinstance(x, np.ndarray):
             raise TypeError(f"{what} is a host (numpy) array; copy it to the GPU with "
                             "pyar.asarray first")
+        given = x
         if not isinstance(x, DeviceArray):
-            given, x = x, asarray(x)
-            self._foreign.remember(given, x)
+            x = asarray(x)
         if x.dtype not in _KERNEL_TYPES:
             raise TypeError(f"{what} has dtype {x.dtype}; all-reduce supports "
                             f"{', '.join(str(d) for d in _KERNEL_TYPES)}")
         if x.size and x.device != self.device:
             raise ValueError(f"{what} lives on device {x.device}, this communicator on "
                              f"device {self.device}")
+        if given is not x:
+            self._foreign.remember(given, x)  # recognized by the next call's replay
         return x
 
     def _output(self, x, out, stream):
