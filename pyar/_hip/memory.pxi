@@ -107,9 +107,11 @@ cdef class PoolMemory:
     """``size`` bytes from the current device's stream-ordered pool
     (hipMallocAsync), allocated on ``stream`` and given back to the pool on
     that stream by ``free()`` or when the object is collected (hipFreeAsync):
-    neither waits for the device.  Pool memory cannot be exported to other
-    processes (IPC); ``DeviceMemory`` can.  Make these with
-    ``stream_ordered_memory``."""
+    neither waits for the device.  Work on other streams must be ordered
+    before the free.  Memory allocated without a stream (the null stream) may
+    have been used on any, so its free waits for the device like hipFree.
+    Pool memory cannot be exported to other processes (IPC); ``DeviceMemory``
+    can.  Make these with ``stream_ordered_memory``."""
     cdef readonly uintptr_t ptr
     cdef readonly size_t size
     cdef readonly int device
@@ -135,10 +137,9 @@ cdef class PoolMemory:
         self.ptr = 0
         if ptr == NULL:
             return
-        if self._stream is None:
-            pyar_rt.hipFreeAsync(ptr, NULL)
-        elif self._stream._closed:
-            # Work queued on the destroyed stream may still use the memory.
+        if self._stream is None or self._stream._closed:
+            # No stream orders the memory's work (it may have been used on any
+            # stream), or its stream is gone: wait for the device, as hipFree does.
             pyar_rt.hipDeviceSynchronize()
             pyar_rt.hipFreeAsync(ptr, NULL)
         else:

@@ -43,8 +43,9 @@ def empty(shape, dtype=np.float32, stream=None, *, ipc=False):
 
     The memory comes from the device's stream-ordered pool, allocated on
     ``stream`` and given back on it when the last reference goes, without
-    waiting for the device.  ``ipc=True`` allocates with hipMalloc instead,
-    for buffers other processes map (``Communicator.register``)."""
+    waiting for the device (without a stream, the free waits for the device).
+    ``ipc=True`` allocates with hipMalloc instead, for buffers other
+    processes map (``Communicator.register``)."""
     return _allocate(shape, dtype, stream, ipc=ipc)
 
 
