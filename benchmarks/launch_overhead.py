@@ -189,13 +189,18 @@ def measure_pyar(options, stream, rows, samples):
     record.free()
 
 
+def cupy_stream(cupy, stream):
+    """pyar's stream as a CuPy stream (entered with ``with``, CuPy launches on it)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy >= 14
+    return (from_external(stream) if from_external is not None
+            else cupy.cuda.ExternalStream(stream.handle))
+
+
 def measure_cupy(cupy, options, stream, rows, samples):
     empty = cupy.RawKernel(CUPY_EMPTY_SOURCE, "empty")
     store_args = cupy.RawModule(code=CUPY_STORE_ARGS_SOURCE).get_function("store_args")
     record = cupy.zeros(RECORD_BYTES, cupy.uint8)
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy >= 14
-    external = (from_external(stream) if from_external is not None
-                else cupy.cuda.ExternalStream(stream.handle))
+    external = cupy_stream(cupy, stream)
     common = dict(synchronize=stream.synchronize, launches=options.launches,
                   repeats=options.repeats, warmup=options.warmup)
 
@@ -390,7 +395,7 @@ def _cupy_collective_rows(options, comm, stream, timed, host, nbytes):
     if cupy is None:
         return [_collective_row(f"CuPy rows unavailable: {missing}", "-", nbytes, {})]
     cupy.cuda.Device(comm.device).use()
-    external = cupy.cuda.ExternalStream(stream.handle)
+    external = cupy_stream(cupy, stream)
     rows = []
     with external:  # CuPy's current stream is the call's: the replay needs no ordering
         registered = cupy.asarray(host)
