@@ -183,13 +183,15 @@ def stream_ordered_memory(size, stream=None):
         return DeviceMemory(nbytes)
     check(pyar_rt.hipGetDevice(&device), "hipGetDevice")
     if nbytes:
-        status = PYAR_hipSuccess
         if device not in _configured_pools:
-            status = configure_pool(device)
-            if status == PYAR_hipSuccess:
-                _configured_pools.add(device)
-        if status == PYAR_hipSuccess:
-            status = pyar_rt.hipMallocAsync(&ptr, nbytes, handle)
+            # A device or runtime without a usable default pool (old drivers,
+            # some virtualized or shared setups) says so here: use hipMalloc.
+            if configure_pool(device) != PYAR_hipSuccess:
+                pyar_rt.hipGetLastError()
+                _pool_unsupported = True
+                return DeviceMemory(nbytes)
+            _configured_pools.add(device)
+        status = pyar_rt.hipMallocAsync(&ptr, nbytes, handle)
         if status == PYAR_hipErrorNotSupported:
             pyar_rt.hipGetLastError()
             _pool_unsupported = True
