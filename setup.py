@@ -27,6 +27,7 @@ extensions = [
               include_dirs=["src/runtime"], libraries=["dl", "pthread"],
               depends=glob.glob("src/runtime/*.h") + glob.glob("pyar/_hip/*.pxi")),
     Extension("pyar.array._dlpack", ["pyar/array/_dlpack.pyx"]),
+    Extension("pyar.comm._eager", ["pyar/comm/_eager.pyx"]),
 ]
 
 setup(

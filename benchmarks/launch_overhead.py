@@ -18,6 +18,16 @@ Measured, each as the median of several repeats:
     python benchmarks/launch_overhead.py [--launches 10000] [--repeats 7] [--json out.json]
 
 Without CuPy the pyar rows are printed and the baseline is reported missing.
+
+``--collectives`` measures whole eager calls instead, under mpirun (1 to 8
+ranks): ``comm.allreduce(x, out=y)`` staged and registered, with pyar and
+CuPy arrays, the same call with plans disabled (every check on every call, as
+before plans existed), ``allreduce_rmsnorm`` at one token, a bare
+``Function.launch`` of the all-reduce kernel and of an empty kernel, a CuPy
+RawKernel launch, the all-reduce replayed from a graph, and a loop of
+``y = comm.allreduce(x)`` (new outputs) against the ``out=y`` loop:
+
+    mpirun -n 8 --oversubscribe python benchmarks/launch_overhead.py --collectives
 """
 import argparse
 import itertools
@@ -180,13 +190,18 @@ def measure_pyar(options, stream, rows, samples):
     record.free()
 
 
+def cupy_stream(cupy, stream):
+    """pyar's stream as a CuPy stream (entered with ``with``, CuPy launches on it)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy >= 14
+    return (from_external(stream) if from_external is not None
+            else cupy.cuda.ExternalStream(stream.handle))
+
+
 def measure_cupy(cupy, options, stream, rows, samples):
     empty = cupy.RawKernel(CUPY_EMPTY_SOURCE, "empty")
     store_args = cupy.RawModule(code=CUPY_STORE_ARGS_SOURCE).get_function("store_args")
     record = cupy.zeros(RECORD_BYTES, cupy.uint8)
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy >= 14
-    external = (from_external(stream) if from_external is not None
-                else cupy.cuda.ExternalStream(stream.handle))
+    external = cupy_stream(cupy, stream)
     common = dict(synchronize=stream.synchronize, launches=options.launches,
                   repeats=options.repeats, warmup=options.warmup)
 
@@ -274,6 +289,205 @@ def markdown(rows, ratio, missing, header):
     return "\n".join(lines)
 
 
+# --- whole eager collective calls (--collectives, under mpirun) ---------------------
+
+COLLECTIVE_COLUMNS = ("case", "impl", "bytes", "host_us", "host_min_us", "total_us")
+GRAPH_CALLS = 20  # collectives captured into one graph
+
+
+def _barrier_timed(comm, mpi, stream, function, args, calls, repeats):
+    """µs per call: host loop (median, min) and up to the end of the GPU work
+    (median), every rank starting each repeat together."""
+    host, total = [], []
+    issue(min(calls, 50), function, args)
+    comm.synchronize(stream)
+    for _ in range(repeats):
+        mpi.Barrier()
+        start = time.perf_counter()
+        issue(calls, function, args)
+        issued = time.perf_counter()
+        comm.synchronize(stream)
+        done = time.perf_counter()
+        host.append((issued - start) / calls * 1e6)
+        total.append((done - start) / calls * 1e6)
+    return {"host_us": statistics.median(host), "host_min_us": min(host),
+            "total_us": statistics.median(total)}
+
+
+def _collective_row(case, impl, nbytes, result):
+    row = {column: None for column in COLLECTIVE_COLUMNS}
+    row.update(case=case, impl=impl, bytes=nbytes)
+    row.update({k: round(v, 4) for k, v in result.items()})
+    return row
+
+
+def _checked_every_call(comm):
+    """The communicator with plans disabled: every call checks and plans."""
+    comm._replay_allreduce = lambda *args: None
+    comm._replay_rmsnorm = lambda *args: None
+    comm._remember = lambda *args, **kwargs: None
+
+
+def _plans_enabled(comm):
+    for name in ("_replay_allreduce", "_replay_rmsnorm", "_remember"):
+        comm.__dict__.pop(name, None)
+
+
+def measure_collectives(options, mpi, comm, stream):
+    """Rows for whole eager calls at ``options.collective_bytes`` on this world."""
+    import pyar
+    from pyar.comm import algorithms
+    rows = []
+    world = comm.world
+    nbytes = options.collective_bytes
+    count = nbytes // 4
+    calls, repeats = options.collective_calls, options.repeats
+    timed = lambda function, args, n=calls: _barrier_timed(comm, mpi, stream, function, args,
+                                                           n, repeats)
+    host = np.ones(count, np.float32)
+    registered = pyar.asarray(host, stream=stream, ipc=True)
+    comm.register(registered)
+    staged = pyar.asarray(host, stream=stream)
+    y = pyar.empty_like(staged)
+    algo = "auto"
+
+    module = _kernels.load("test_kernels")
+    empty = module.get_function("pyar_test_empty")
+    rows.append(_collective_row("empty kernel", "pyar Function.launch", 0,
+                                timed(empty.launch, (1, 1, (), 0, stream))))
+    if world > 1:
+        table = comm._registry.lookup(registered.ptr, registered.nbytes)
+        chosen = algorithms.choose(nbytes, world)
+        (_, function, grid, block, args, _, _), = comm._allreduce_steps(
+            registered, y, chosen, table)
+        rows.append(_collective_row("all-reduce kernel alone (registered input)",
+                                    "pyar Function.launch", nbytes,
+                                    timed(function.launch, (grid, block, (*args, 0), 0, stream))))
+    for name, x in (("registered", registered), ("staged", staged)):
+        call = lambda x=x: comm.allreduce(x, out=y, algo=algo, stream=stream)
+        rows.append(_collective_row(f"comm.allreduce(x, out=y), {name}, pyar arrays",
+                                    "pyar, plan replayed", nbytes, timed(call, ())))
+        _checked_every_call(comm)
+        rows.append(_collective_row(f"comm.allreduce(x, out=y), {name}, pyar arrays",
+                                    "pyar, checked every call (before)", nbytes,
+                                    timed(call, ())))
+        _plans_enabled(comm)
+    rows += _cupy_collective_rows(options, comm, stream, timed, host, nbytes)
+    if world > 1:
+        rows += _fused_rows(comm, stream, timed)
+    rows.append(_graph_row(comm, mpi, stream, registered, y, nbytes, repeats))
+    new_outputs = lambda: comm.allreduce(registered, algo=algo, stream=stream)
+    rows.append(_collective_row("y = comm.allreduce(x), registered (new outputs)",
+                                "pyar, plan replayed", nbytes,
+                                timed(new_outputs, (), options.alloc_calls)))
+    given = lambda: comm.allreduce(registered, out=y, algo=algo, stream=stream)
+    rows.append(_collective_row("comm.allreduce(x, out=y), registered, same loop length",
+                                "pyar, plan replayed", nbytes,
+                                timed(given, (), options.alloc_calls)))
+    return rows
+
+
+def _cupy_collective_rows(options, comm, stream, timed, host, nbytes):
+    cupy, missing = load_cupy()
+    if cupy is None:
+        return [_collective_row(f"CuPy rows unavailable: {missing}", "-", nbytes, {})]
+    cupy.cuda.Device(comm.device).use()
+    external = cupy_stream(cupy, stream)
+    rows = []
+    with external:  # CuPy's current stream is the call's: the replay needs no ordering
+        registered = cupy.asarray(host)
+        comm.register(registered)
+        staged = cupy.asarray(host)
+        y = cupy.empty_like(staged)
+        raw = cupy.RawKernel(CUPY_EMPTY_SOURCE, "empty")
+        rows.append(_collective_row("empty kernel", "CuPy RawKernel", 0,
+                                    timed(raw, ((1,), (1,), ()))))
+        for name, x in (("registered", registered), ("staged", staged)):
+            call = lambda x=x: comm.allreduce(x, out=y, stream=stream)
+            rows.append(_collective_row(f"comm.allreduce(x, out=y), {name}, CuPy arrays",
+                                        "pyar, plan replayed", nbytes, timed(call, ())))
+        external.synchronize()
+    return rows
+
+
+def _fused_rows(comm, stream, timed):
+    import ml_dtypes
+    import pyar
+    hidden = 4096
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    x, residual, out = (pyar.zeros((1, hidden), bf16, stream=stream) for _ in range(3))
+    weight = pyar.asarray(np.ones(hidden, bf16), stream=stream)
+    call = lambda: comm.allreduce_rmsnorm(x, residual, weight, out=out, stream=stream)
+    rows = [_collective_row("comm.allreduce_rmsnorm, 1 token x 4096 bf16, staged",
+                            "pyar, plan replayed", x.nbytes, timed(call, ()))]
+    _checked_every_call(comm)
+    rows.append(_collective_row("comm.allreduce_rmsnorm, 1 token x 4096 bf16, staged",
+                                "pyar, checked every call (before)", x.nbytes, timed(call, ())))
+    _plans_enabled(comm)
+    return rows
+
+
+def _graph_row(comm, mpi, stream, x, y, nbytes, repeats):
+    """The registered all-reduce replayed from a graph of GRAPH_CALLS calls:
+    µs per collective, host (per replay / GRAPH_CALLS) and incl. sync."""
+    with comm.capture(stream) as graph:
+        for _ in range(GRAPH_CALLS):
+            comm.allreduce(x, out=y, stream=stream)
+    replays = 100
+    result = _barrier_timed(comm, mpi, stream, graph.replay, (), replays, repeats)
+    graph.close()
+    return _collective_row(f"comm.allreduce(x, out=y), registered, graph of {GRAPH_CALLS}",
+                           "pyar GraphExec.launch", nbytes,
+                           {k: v / GRAPH_CALLS for k, v in result.items()})
+
+
+def collectives_markdown(rows, header):
+    """One table; host µs against a bare Function.launch of the all-reduce
+    kernel (or of the empty kernel at one rank) and incl.-sync µs against
+    the graph replay of the same call."""
+    bare = next((r["host_us"] for r in rows if r["case"].startswith("all-reduce kernel")),
+                next(r["host_us"] for r in rows if r["impl"] == "pyar Function.launch"))
+    graph = next(r["total_us"] for r in rows if r["impl"] == "pyar GraphExec.launch")
+    lines = [header, "",
+             "| case | implementation | bytes | host µs/call (median) | min | "
+             "µs/call incl. sync | host / bare launch | host − bare launch µs | "
+             "incl. sync − graph µs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if row["host_us"] is None:
+            lines.append(f"| {row['case']} | {row['impl']} | | | | | | | |")
+            continue
+        lines.append(f"| {row['case']} | {row['impl']} | {row['bytes']} | {fmt(row['host_us'])} "
+                     f"| {fmt(row['host_min_us'])} | {fmt(row['total_us'])} | "
+                     f"{row['host_us'] / bare:.2f} | {fmt(row['host_us'] - bare)} | "
+                     f"{fmt(row['total_us'] - graph)} |")
+    return "\n".join(lines)
+
+
+def collectives_main(options):
+    from mpi4py import MPI
+    import pyar
+    mpi = MPI.COMM_WORLD
+    comm = pyar.Communicator(mpi)
+    stream = hip.Stream()
+    device = hip.Device(comm.device)
+    rows = measure_collectives(options, mpi, comm, stream)
+    if mpi.Get_rank() == 0:
+        header = (f"## Whole eager calls: {comm.world} rank(s) on {device.name} ({device.arch}), "
+                  f"{options.collective_calls} calls x {options.repeats} repeats "
+                  f"({options.alloc_calls} for the new-output loop)")
+        print(collectives_markdown(rows, header), flush=True)
+        if options.json:
+            with open(options.json, "w") as f:
+                json.dump({"benchmark": "launch_overhead_collectives", "world": comm.world,
+                           "device": device.name, "rows": rows}, f, indent=2)
+            print(f"\nwrote {options.json}")
+    comm.synchronize(stream)
+    comm.close()
+    stream.close()
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launches", type=int, default=10_000,
@@ -286,7 +500,17 @@ def main(argv=None):
                         help="graph replays per timed loop")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--collectives", action="store_true",
+                        help="measure whole eager collective calls (run under mpirun)")
+    parser.add_argument("--collective-bytes", type=int, default=1024,
+                        help="message size of the collective rows (default 1 KiB)")
+    parser.add_argument("--collective-calls", type=int, default=500,
+                        help="calls per timed loop, few enough that the GPU queue never fills")
+    parser.add_argument("--alloc-calls", type=int, default=10_000,
+                        help="calls of the new-output loop and its out= baseline")
     options = parser.parse_args(argv)
+    if options.collectives:
+        return collectives_main(options)
     for name in ("launches", "repeats", "graph_size", "graph_replays"):
         if getattr(options, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")

@@ -233,7 +233,7 @@ def main(argv=None):
     largest = args.max - args.max % 16
     baselines = Torch(mpi, comm.device, largest)
     stream = _hip.Stream()
-    x = pyar.empty((largest // 2,), bf16, stream=stream)
+    x = pyar.empty((largest // 2,), bf16, stream=stream, ipc=True)  # registered
     y = pyar.empty_like(x)
     rows, failures = [], {}
     for nbytes in doubling(args.min, largest):

@@ -20,7 +20,7 @@
 # then allreduce, conjugate_gradient and interop at 4 ranks under MPS).
 #
 # Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl, scenarios.log,
-# examples.tsv, examples.log, launch.json, bench.json, bench_w8.png,
+# examples.tsv, examples.log, launch.json, launch_calls_w*.json, bench.json, bench_w8.png,
 # versus_w*.{json,png}, summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +94,12 @@ if [ "$BENCH" = 1 ] && wants launch; then
   echo "== launch overhead"
   timeout -k 5 "$BENCH_SECONDS" $PYTHON benchmarks/launch_overhead.py --json "$OUT/launch.json" \
     2>&1 | tee "$work/launch.txt"
+  for w in 1 $BENCH_WORLDS; do
+    echo "== whole eager calls, $w rank(s) on one GPU"
+    timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
+      $PYTHON benchmarks/launch_overhead.py --collectives --json "$OUT/launch_calls_w$w.json" \
+      2>&1 | tee "$work/launch_calls_w$w.txt"
+  done
 fi
 if [ "$BENCH" = 1 ] && wants allreduce; then
   for w in $BENCH_WORLDS; do

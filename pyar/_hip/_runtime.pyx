@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The HIP runtime binding: devices, memory, streams, events, code objects,
-kernel launch, IPC and graphs.  Every call goes through the dispatch table of
+kernel launch (one at a time or as prepared sequences), IPC and graphs.  Every call goes through the dispatch table of
 src/runtime, which is filled on first use (see loader.pxi)."""
 
 include "loader.pxi"
@@ -8,5 +8,6 @@ include "device.pxi"
 include "stream.pxi"
 include "memory.pxi"
 include "module.pxi"
+include "sequence.pxi"
 include "ipc.pxi"
 include "graph.pxi"

@@ -84,6 +84,128 @@ cdef class DeviceMemory:
         return f"<pyar.DeviceMemory {state} on device {self.device}>"
 
 
+# The stream-ordered pool: devices whose default pool has pyar's release
+# threshold, and whether this runtime/device offers the pool at all.
+cdef set _configured_pools = set()
+cdef bint _pool_unsupported = False
+# Bytes a pool keeps for reuse when freed memory is not asked back; by
+# default all of it, like the caching allocators of CuPy and PyTorch.
+_RELEASE_THRESHOLD = int(os.environ.get("PYAR_POOL_RELEASE_THRESHOLD", (1 << 64) - 1))
+
+
+cdef hipError_t configure_pool(int device) noexcept:
+    cdef hipMemPool_t pool = NULL
+    cdef uint64_t threshold = _RELEASE_THRESHOLD
+    cdef hipError_t status = pyar_rt.hipDeviceGetDefaultMemPool(&pool, device)
+    if status == PYAR_hipSuccess:
+        status = pyar_rt.hipMemPoolSetAttribute(pool, PYAR_hipMemPoolAttrReleaseThreshold,
+                                                &threshold)
+    return status
+
+
+cdef class PoolMemory:
+    """``size`` bytes from the current device's stream-ordered pool
+    (hipMallocAsync), allocated on ``stream`` and given back to the pool on
+    that stream by ``free()`` or when the object is collected (hipFreeAsync):
+    neither waits for the device.  Work on other streams must be ordered
+    before the free.  Memory allocated without a stream (the null stream) may
+    have been used on any, so its free waits for the device like hipFree.
+    Pool memory cannot be exported to other processes (IPC); ``DeviceMemory``
+    can.  Make these with ``stream_ordered_memory``."""
+    cdef readonly uintptr_t ptr
+    cdef readonly size_t size
+    cdef readonly int device
+    cdef Stream _stream  # None: the null stream; holds a wrapped stream's owner
+    cdef bint _owned
+
+    def __init__(self):
+        raise TypeError("PoolMemory comes from pyar._hip.stream_ordered_memory()")
+
+    @property
+    def closed(self):
+        return not self._owned
+
+    @property
+    def stream(self):
+        return self._stream
+
+    cdef void release(self) noexcept:
+        cdef void* ptr = <void*>self.ptr
+        if not self._owned:
+            return
+        self._owned = False
+        self.ptr = 0
+        if ptr == NULL:
+            return
+        if self._stream is None or self._stream._closed:
+            # No stream orders the memory's work (it may have been used on any
+            # stream), or its stream is gone: wait for the device, as hipFree does.
+            pyar_rt.hipDeviceSynchronize()
+            pyar_rt.hipFreeAsync(ptr, NULL)
+        else:
+            pyar_rt.hipFreeAsync(ptr, self._stream._handle)
+
+    def free(self):
+        """Give the memory back to the pool, ordered after the work queued on
+        its stream so far; later calls do nothing."""
+        self.release()
+
+    close = free
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __dealloc__(self):
+        self.release()
+
+    def __repr__(self):
+        state = "freed" if not self._owned else f"{self.size} bytes at {self.ptr:#x}"
+        return f"<pyar.PoolMemory {state} on device {self.device}>"
+
+
+def stream_ordered_memory(size, stream=None):
+    """``size`` bytes on the current device, allocated in stream order on
+    ``stream``: a PoolMemory, or a DeviceMemory where the runtime or device
+    has no stream-ordered pool."""
+    global _pool_unsupported
+    cdef size_t nbytes = checked_size(size, "size")
+    cdef PoolMemory memory
+    cdef Stream owner = None if stream is None else as_stream(stream)
+    cdef hipStream_t handle = NULL if owner is None else owner.checked_handle()
+    cdef void* ptr = NULL
+    cdef int device = 0
+    cdef hipError_t status
+    ensure_loaded()
+    if _pool_unsupported:
+        return DeviceMemory(nbytes)
+    check(pyar_rt.hipGetDevice(&device), "hipGetDevice")
+    if nbytes:
+        if device not in _configured_pools:
+            # A device or runtime without a usable default pool (old drivers,
+            # some virtualized or shared setups) says so here: use hipMalloc.
+            if configure_pool(device) != PYAR_hipSuccess:
+                pyar_rt.hipGetLastError()
+                _pool_unsupported = True
+                return DeviceMemory(nbytes)
+            _configured_pools.add(device)
+        status = pyar_rt.hipMallocAsync(&ptr, nbytes, handle)
+        if status == PYAR_hipErrorNotSupported:
+            pyar_rt.hipGetLastError()
+            _pool_unsupported = True
+            return DeviceMemory(nbytes)
+        check(status, "hipMallocAsync")
+    memory = PoolMemory.__new__(PoolMemory)
+    memory.ptr = <uintptr_t>ptr
+    memory.size = nbytes
+    memory.device = device
+    memory._stream = None if owner is None or owner._handle == NULL else owner
+    memory._owned = True
+    return memory
+
+
 cdef class PinnedMemory:
     """Page-locked host memory (truly asynchronous copies); exposes the buffer
     protocol, so ``numpy.frombuffer(m, dtype)`` views it."""

@@ -129,26 +129,18 @@ cdef class Function:
         self.argtypes = argtypes
         self._nargs = len(argtypes)
 
-    def launch(self, grid, block, args=(), shared_mem=0, stream=None):
-        """Queue the kernel on ``stream`` with ``args`` packed per ``argtypes``."""
-        cdef unsigned int g[3]
-        cdef unsigned int b[3]
-        cdef uint64_t slots[MAX_KERNEL_ARGS]
-        cdef void* params[MAX_KERNEL_ARGS]
+    cdef int pack(self, args, uint64_t* slots) except -1:
+        """Each argument in its 8-byte slot, as ``argtypes`` declares it."""
         cdef int32_t i32
         cdef uint32_t u32
         cdef float f32
         cdef int i
-        cdef size_t shared_bytes
-        cdef hipStream_t handle
-        dims(grid, g, "grid")
-        dims(block, b, "block")
-        shared_bytes = checked_size(shared_mem, "shared_mem")
         if len(args) != self._nargs:
             raise TypeError(f"{self.name} takes {self._nargs} arguments, got {len(args)}")
         for i in range(self._nargs):
             value = args[i]
             kind = self._kinds[i]
+            slots[i] = 0
             try:
                 if kind == ARG_POINTER:
                     slots[i] = as_pointer(value)
@@ -167,6 +159,22 @@ cdef class Function:
                     memcpy(&slots[i], &f32, 4)
             except (TypeError, OverflowError, ValueError) as error:
                 raise type(error)(f"argument {i} of {self.name} ({self.argtypes[i]}): {error}") from None
+        return 0
+
+    def launch(self, grid, block, args=(), shared_mem=0, stream=None):
+        """Queue the kernel on ``stream`` with ``args`` packed per ``argtypes``."""
+        cdef unsigned int g[3]
+        cdef unsigned int b[3]
+        cdef uint64_t slots[MAX_KERNEL_ARGS]
+        cdef void* params[MAX_KERNEL_ARGS]
+        cdef int i
+        cdef size_t shared_bytes
+        cdef hipStream_t handle
+        dims(grid, g, "grid")
+        dims(block, b, "block")
+        shared_bytes = checked_size(shared_mem, "shared_mem")
+        self.pack(args, slots)
+        for i in range(self._nargs):
             params[i] = &slots[i]
         handle = stream_handle(stream)
         if self.module is None:

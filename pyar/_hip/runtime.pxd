@@ -11,18 +11,21 @@ cdef extern from "pyar_runtime.h" nogil:
     ctypedef struct pyar_opaque_function
     ctypedef struct pyar_opaque_graph
     ctypedef struct pyar_opaque_graph_exec
+    ctypedef struct pyar_opaque_mem_pool
     ctypedef pyar_opaque_stream* hipStream_t
     ctypedef pyar_opaque_event* hipEvent_t
     ctypedef pyar_opaque_module* hipModule_t
     ctypedef pyar_opaque_function* hipFunction_t
     ctypedef pyar_opaque_graph* hipGraph_t
     ctypedef pyar_opaque_graph_exec* hipGraphExec_t
+    ctypedef pyar_opaque_mem_pool* hipMemPool_t
     ctypedef struct hipIpcMemHandle_t:
         char reserved[64]
 
     enum:
         PYAR_hipSuccess
         PYAR_hipErrorNotReady
+        PYAR_hipErrorNotSupported
         PYAR_hipErrorPeerAccessAlreadyEnabled
         PYAR_hipMemcpyHostToDevice
         PYAR_hipMemcpyDeviceToHost
@@ -38,6 +41,7 @@ cdef extern from "pyar_runtime.h" nogil:
         PYAR_hipStreamCaptureStatusActive
         PYAR_hipStreamCaptureStatusInvalidated
         PYAR_HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        PYAR_hipMemPoolAttrReleaseThreshold
 
     enum:
         PYAR_PLATFORM_NONE
@@ -73,6 +77,10 @@ cdef extern from "pyar_runtime.h" nogil:
         hipError_t (*hipMalloc)(void**, size_t) noexcept nogil
         hipError_t (*hipExtMallocWithFlags)(void**, size_t, unsigned int) noexcept nogil
         hipError_t (*hipFree)(void*) noexcept nogil
+        hipError_t (*hipMallocAsync)(void**, size_t, hipStream_t) noexcept nogil
+        hipError_t (*hipFreeAsync)(void*, hipStream_t) noexcept nogil
+        hipError_t (*hipDeviceGetDefaultMemPool)(hipMemPool_t*, int) noexcept nogil
+        hipError_t (*hipMemPoolSetAttribute)(hipMemPool_t, int, void*) noexcept nogil
         hipError_t (*hipHostMalloc)(void**, size_t, unsigned int) noexcept nogil
         hipError_t (*hipHostFree)(void*) noexcept nogil
         hipError_t (*hipMemset)(void*, int, size_t) noexcept nogil

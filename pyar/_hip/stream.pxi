@@ -183,6 +183,17 @@ cpdef Stream as_stream(obj):
                     f"__cuda_stream__), not {type(obj).__name__}")
 
 
+def stream_is_capturing(uintptr_t handle):
+    """Whether the stream with this handle is capturing; the null stream
+    (handle 0) never is.  One runtime call, no Stream object."""
+    cdef int status = PYAR_hipStreamCaptureStatusNone
+    if handle == 0:
+        return False
+    ensure_loaded()
+    check(pyar_rt.hipStreamIsCapturing(<hipStream_t>handle, &status), "hipStreamIsCapturing")
+    return status != PYAR_hipStreamCaptureStatusNone
+
+
 cdef inline hipStream_t stream_handle(obj) except? NULL:
     if obj is None:
         return NULL

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from pyar._hip import DeviceMemory, memset
+from pyar._hip import DeviceMemory, memset, stream_ordered_memory
 from pyar.array import streams
 from pyar.array.device_array import DeviceArray, normalize_shape, on_device
 from pyar.array.dtypes import as_dtype
@@ -12,16 +12,22 @@ from pyar.array.interop import (
 )
 
 
-def _allocate(shape, dtype, stream, device=None):
+def _memory(nbytes, stream, ipc):
+    # hipMalloc where other processes must map it; else the stream-ordered
+    # pool, whose frees queue on the stream instead of waiting for the device.
+    return DeviceMemory(nbytes) if ipc else stream_ordered_memory(nbytes, stream)
+
+
+def _allocate(shape, dtype, stream, device=None, ipc=False):
     shape = normalize_shape(shape)
     dtype = as_dtype(dtype)
     stream = streams.normalize(stream)
     nbytes = math.prod(shape) * dtype.itemsize
     if device is None:
-        memory = DeviceMemory(nbytes)
+        memory = _memory(nbytes, stream, ipc)
     else:
         with on_device(device):
-            memory = DeviceMemory(nbytes)
+            memory = _memory(nbytes, stream, ipc)
     return DeviceArray._make(memory.ptr, shape, dtype, memory, memory.device, stream, False)
 
 
@@ -31,16 +37,22 @@ def _clear(array):
     return array
 
 
-def empty(shape, dtype=np.float32, stream=None):
+def empty(shape, dtype=np.float32, stream=None, *, ipc=False):
     """A new array on the current device, contents undefined.  ``stream``
-    becomes the array's stream."""
-    return _allocate(shape, dtype, stream)
+    becomes the array's stream.
+
+    The memory comes from the device's stream-ordered pool, allocated on
+    ``stream`` and given back on it when the last reference goes, without
+    waiting for the device (without a stream, the free waits for the device).
+    ``ipc=True`` allocates with hipMalloc instead, for buffers other
+    processes map (``Communicator.register``)."""
+    return _allocate(shape, dtype, stream, ipc=ipc)
 
 
-def zeros(shape, dtype=np.float32, stream=None):
-    """A new zero-filled array on the current device; the fill is queued on
-    ``stream`` (synchronous on the null stream when None)."""
-    return _clear(_allocate(shape, dtype, stream))
+def zeros(shape, dtype=np.float32, stream=None, *, ipc=False):
+    """A new zero-filled array on the current device (see ``empty``); the
+    fill is queued on ``stream`` (synchronous on the null stream when None)."""
+    return _clear(_allocate(shape, dtype, stream, ipc=ipc))
 
 
 def _like(a, dtype):
@@ -50,20 +62,20 @@ def _like(a, dtype):
     return a.shape, a.dtype if dtype is None else dtype, None, None
 
 
-def empty_like(a, dtype=None):
+def empty_like(a, dtype=None, *, ipc=False):
     """A new array with ``a``'s shape (and dtype, unless given); for a
-    DeviceArray, on its device and stream."""
+    DeviceArray, on its device and stream.  ``ipc`` as for ``empty``."""
     shape, dtype, stream, device = _like(a, dtype)
-    return _allocate(shape, dtype, stream, device)
+    return _allocate(shape, dtype, stream, device, ipc)
 
 
-def zeros_like(a, dtype=None):
+def zeros_like(a, dtype=None, *, ipc=False):
     """Like ``empty_like``, zero-filled."""
     shape, dtype, stream, device = _like(a, dtype)
-    return _clear(_allocate(shape, dtype, stream, device))
+    return _clear(_allocate(shape, dtype, stream, device, ipc))
 
 
-def asarray(obj, dtype=None, stream=None):
+def asarray(obj, dtype=None, stream=None, *, ipc=False):
     """A DeviceArray for ``obj``.
 
     - a DeviceArray: itself (its dtype must match ``dtype`` if given);
@@ -72,7 +84,8 @@ def asarray(obj, dtype=None, stream=None):
       alive; ``stream`` (where the view will be used; None: the legacy
       default stream) is made to wait for the producer's pending work;
     - anything else numpy accepts: a copy on the current device, converted to
-      ``dtype`` on the host first if given, queued on ``stream``.
+      ``dtype`` on the host first if given, queued on ``stream``, in memory
+      allocated like ``empty``'s (``ipc`` likewise).
 
     Device memory must be C-contiguous: views never copy, so strided
     producers raise ValueError.
@@ -94,7 +107,7 @@ def asarray(obj, dtype=None, stream=None):
             raise TypeError(f"{type(obj).__name__} lives on DLPack device type {device_type}; "
                             "pyar takes GPU (CUDA, ROCm) and host arrays")
     host = np.ascontiguousarray(np.asarray(obj, dtype=None if dtype is None else as_dtype(dtype)))
-    out = _allocate(host.shape, host.dtype, stream)
+    out = _allocate(host.shape, host.dtype, stream, ipc=ipc)
     out.set(host)
     return out
 

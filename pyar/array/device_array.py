@@ -7,8 +7,8 @@ import operator
 import numpy as np
 
 from pyar._hip import (
-    DeviceMemory, IpcMapping, get_device, memcpy_dtod, memcpy_dtoh, memcpy_htod, memset,
-    platform, pointer_device, set_device,
+    DeviceMemory, IpcMapping, PoolMemory, get_device, memcpy_dtod, memcpy_dtoh, memcpy_htod,
+    memset, platform, pointer_device, set_device,
 )
 from pyar.array import _dlpack, streams
 from pyar.array.dtypes import as_dtype, to_dlpack
@@ -163,7 +163,7 @@ class DeviceArray:
     @property
     def ptr(self):
         """The device address of the first element (an int)."""
-        if isinstance(self._owner, (DeviceMemory, IpcMapping)) and self._owner.closed:
+        if isinstance(self._owner, (DeviceMemory, PoolMemory, IpcMapping)) and self._owner.closed:
             raise ValueError("the device memory of this array was freed (its "
                              f"{type(self._owner).__name__} is closed)")
         return self._ptr
@@ -185,6 +185,16 @@ class DeviceArray:
     @property
     def readonly(self):
         return self._readonly
+
+    @property
+    def stream_ordered(self):
+        """Whether the memory comes from the stream-ordered pool (``pyar.empty``
+        and friends without ``ipc=True``): freed without synchronizing, but not
+        shareable with other processes."""
+        owner = self._owner
+        while isinstance(owner, DeviceArray):  # a view of a pyar array
+            owner = owner._owner
+        return isinstance(owner, PoolMemory)
 
     def __len__(self):
         if not self._shape:

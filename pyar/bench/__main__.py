@@ -132,7 +132,7 @@ def sweep(args, comm, mpi, extra, show):
     stream = _hip.Stream()
     copy_bw = extra["copy_bandwidth_GBps"] and extra["copy_bandwidth_GBps"] * 1e9
     largest = args.max - args.max % (dtype.itemsize * 16) or dtype.itemsize * 16
-    x = pyar.empty((largest // dtype.itemsize,), dtype, stream=stream)
+    x = pyar.empty((largest // dtype.itemsize,), dtype, stream=stream, ipc=True)  # registered
     y = pyar.empty_like(x)
     x.set(exact.exact_inputs(x.size, mpi.Get_rank()).astype(dtype), stream=stream)
     comm.register(x)

@@ -40,7 +40,8 @@ class Buffers:
     def __init__(self, tokens, hidden, dtype, kind, stream, seed):
         rng = np.random.default_rng(seed)
         shape = (tokens, hidden)
-        self.x = pyar.asarray(rng.standard_normal(shape, np.float32).astype(dtype), stream=stream)
+        self.x = pyar.asarray(rng.standard_normal(shape, np.float32).astype(dtype), stream=stream,
+                              ipc=True)  # registered
         self.residual = pyar.asarray(rng.standard_normal(shape, np.float32).astype(dtype),
                                      stream=stream)
         self.weight = pyar.asarray(np.ones(hidden, dtype), stream=stream)

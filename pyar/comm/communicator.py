@@ -9,7 +9,7 @@ import numpy as np
 
 from pyar import _hip, _kernels, diagnostics
 from pyar.array import DeviceArray, asarray, empty
-from pyar.comm import algorithms, exchange, layout, rmsnorm, topology
+from pyar.comm import _eager, algorithms, exchange, layout, rmsnorm, topology
 from pyar.comm.errors import CollectiveTimeout, PeerAccessError
 from pyar.comm.registry import BufferRegistry
 from pyar.comm.resources import Resources
@@ -35,17 +35,22 @@ def _env_flag(name):
 
 
 def _host_step(name):
-    """Names the method's MPI steps in the CollectiveTimeout they raise."""
+    """Names the method's MPI steps in the CollectiveTimeout they raise; a
+    timeout there fails the communicator like one in a kernel."""
     def wrap(method):
         @functools.wraps(method)
         def named(self, *args, **kwargs):
-            with self._node.step(name):
-                return method(self, *args, **kwargs)
+            try:
+                with self._node.step(name):
+                    return method(self, *args, **kwargs)
+            except CollectiveTimeout as exc:
+                self._failure = self._failure or exc
+                raise
         return named
     return wrap
 
 
-class Communicator:
+class Communicator(_eager.EagerCalls):
     """A custom all-reduce over the ranks of ``mpi_comm``, one GPU each.
 
     Collective: every rank of ``mpi_comm`` constructs it together.  ``device``
@@ -59,6 +64,10 @@ class Communicator:
 
     Calls on one communicator must be ordered with respect to each other
     (one stream, or streams the caller synchronizes), like NCCL's.
+
+    A call whose signature (arrays, algorithm, stream) was seen before
+    replays the launches planned the first time, without checking its
+    arguments again (pyar/comm/_eager.pyx says when it does check again).
     """
 
     def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
@@ -159,6 +168,7 @@ class Communicator:
         # A ctypes view, not a buffer export, so the memory can be freed later.
         self._error_words = (ctypes.c_uint32 * _ERROR_WORDS).from_address(self._error.ptr)
         ctypes.memset(self._error.ptr, 0, 4 * _ERROR_WORDS)
+        self._error_ptr = self._error.ptr
         self._state = res.device_memory(len(layout.pack_state([], [], 0, 0, 0)))
         self._staged_table = res.device_memory(layout.TABLE_BYTES)
         return _hip.ipc_get_handle(self._buffer.ptr)
@@ -252,8 +262,9 @@ class Communicator:
         if words is None or not words[0]:
             return
         missing = [r for r in range(self.world) if words[1 + r]]
-        logged = self._call_log.get(int(words[1 + MAX_WORLD]) % _CALL_LOG)
-        call = "a collective" if logged is None else logged
+        number = int(words[1 + MAX_WORLD])
+        call = (self._replayed_call(number) or self._call_log.get(number % _CALL_LOG)
+                or "a collective")
         self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
         raise self._failure
 
@@ -270,6 +281,7 @@ class Communicator:
         if isinstance(x, np.ndarray):
             raise TypeError(f"{what} is a host (numpy) array; copy it to the GPU with "
                             "pyar.asarray first")
+        given = x
         if not isinstance(x, DeviceArray):
             x = asarray(x)
         if x.dtype not in _KERNEL_TYPES:
@@ -278,6 +290,8 @@ class Communicator:
         if x.size and x.device != self.device:
             raise ValueError(f"{what} lives on device {x.device}, this communicator on "
                              f"device {self.device}")
+        if given is not x:
+            self._foreign.remember(given, x)  # recognized by the next call's replay
         return x
 
     def _output(self, x, out, stream):
@@ -308,15 +322,23 @@ class Communicator:
         Every rank registers its own buffer of the same size, and every rank
         must then pass its registered buffer to the same calls.  The
         communicator keeps the buffer alive until it is closed.
+
+        Memory from the stream-ordered pool (``pyar.empty`` and friends
+        without ``ipc=True``) cannot be shared between processes and is refused.
         """
         self._check_usable()
         x = self._device_array(x, "x")
         if x.ptr % layout.PACK_BYTES:
             raise ValueError(f"a registered buffer must be {layout.PACK_BYTES}-byte aligned "
                              f"(address {x.ptr:#x})")
+        if x.stream_ordered:
+            raise ValueError("x comes from the stream-ordered pool, whose memory other "
+                             "processes cannot map; allocate buffers to register with "
+                             "ipc=True (pyar.empty(shape, dtype, ipc=True))")
         if self.world == 1:
             return
         self._registry.register(x)
+        self._forget_plans()  # calls on x now read it in place
 
     @_host_step("register_graph_buffers")
     def register_graph_buffers(self):
@@ -329,6 +351,7 @@ class Communicator:
         self._check_usable()
         if self.world > 1:
             self._registry.exchange_deferred()
+            self._forget_plans()
 
     def capture(self, stream, mode="global"):
         """``with comm.capture(stream) as graph:`` -- pyar.capture plus
@@ -357,8 +380,13 @@ class Communicator:
         itself for in place), queued on ``stream``.  Returns ``out``.
 
         Asynchronous like a kernel launch; ``synchronize()`` waits and reports
-        a peer that never arrived as CollectiveTimeout.
+        a peer that never arrived as CollectiveTimeout.  A new ``out`` comes
+        from the stream-ordered pool on ``stream``.
         """
+        replayed = self._replay_allreduce(x, out, algo, stream)
+        if replayed is not None:
+            return replayed
+        given = x, out, algo
         self._check_usable()
         if self.debug and self.world > 1:
             # Validate everywhere first, so that a rank whose arguments are
@@ -374,11 +402,15 @@ class Communicator:
         if x.size == 0:
             return out
         if self.world == 1:
-            if out.ptr != x.ptr:
-                _hip.memcpy_dtod(out.ptr, x.ptr, x.nbytes, stream)
-            return out
-        self._check_timeout()
-        self._launch(x, out, algo, registered, stream)
+            steps = [("copy", out.ptr, x.ptr, x.nbytes)] if out.ptr != x.ptr else []
+        else:
+            self._check_timeout()
+            steps = list(self._allreduce_steps(x, out, algo, registered))
+        for step in steps:
+            self._run_step(step, stream)
+        fresh = None if given[1] is not None else (
+            out.shape, out.dtype, out.nbytes, (out.ptr, out.ptr + out.nbytes))
+        self._remember("allreduce", given[:2], given[2:], stream, steps, fresh, out.dtype)
         return out
 
     def _prepare(self, x, out, algo, stream):
@@ -388,14 +420,18 @@ class Communicator:
         out = self._output(x, out, stream)
         if self.world == 1 or x.size == 0:
             return x, out, algo, None
-        source = _hip.as_stream(stream)
-        if source.handle and source.is_capturing:
-            # Recorded, not staged: the graph reads x in place once the ranks
-            # have exchanged its handle (register_graph_buffers).
-            registered = self._registry.defer(x)
-        else:
-            registered = self._registry.lookup(x.ptr, x.nbytes)
+        registered = self._input_table(x, stream)
         return x, out, self._plan(x, out, algo, registered is not None), registered
+
+    def _input_table(self, x, stream):
+        """The registered table peers read ``x`` through, or None (staged)."""
+        source = _hip.as_stream(stream)
+        if source.handle and source.is_capturing and not x.stream_ordered:
+            # Recorded, not staged: the graph reads x in place once the ranks
+            # have exchanged its handle (register_graph_buffers).  Pool
+            # memory cannot be exchanged, so a capture stages it.
+            return self._registry.defer(x)
+        return self._registry.lookup(x.ptr, x.nbytes)
 
     def _plan(self, x, out, algo, registered):
         in_place_registered = registered and out.ptr == x.ptr
@@ -409,6 +445,11 @@ class Communicator:
         return algo
 
     def _launch(self, x, out, algo, registered, stream):
+        for step in self._allreduce_steps(x, out, algo, registered):
+            self._run_step(step, stream)
+
+    def _allreduce_steps(self, x, out, algo, registered):
+        """The copies and launches of one all-reduce, chunk by chunk."""
         function = self._function(algo, x.dtype)
         itemsize = x.dtype.itemsize
         lanes = layout.PACK_BYTES // itemsize
@@ -417,31 +458,43 @@ class Communicator:
         for first in range(0, x.size, chunk):
             count = min(chunk, x.size - first)
             offset = first * itemsize
-            table, in_offset = self._chunk_input(x, offset, count * itemsize, registered,
-                                                 stream)
+            table, in_offset, staging = self._chunk_input(x, offset, count * itemsize,
+                                                          registered)
+            if staging is not None:
+                yield staging
             packs = count // lanes
             work = packs if algo == "oneshot" else -(-packs // self.world)
             blocks = min(self._max_blocks, max(1, -(-work // threads)))
-            call = self._next_call("allreduce", f"({algo}, {count} x {x.dtype})")
-            function.launch(blocks, threads,
-                            (table, in_offset, out.ptr + offset, self._state.ptr, count,
-                             self._timeout_ns, call), stream=stream)
+            yield ("kernel", function, blocks, threads,
+                   (table, in_offset, out.ptr + offset, self._state.ptr, count,
+                    self._timeout_ns), "allreduce", f"({algo}, {count} x {x.dtype})")
 
-    def _chunk_input(self, x, offset, nbytes, registered, stream):
-        """The input table and pack offset one chunk's kernel reads: the
-        registered buffer in place, or the chunk staged into this rank's
-        scratch buffer, which the staged table names on every rank."""
+    def _run_step(self, step, stream):
+        """Queue one step of ``_allreduce_steps``/``_rmsnorm_steps``; a
+        kernel's last argument is its call number."""
+        if step[0] == "copy":
+            _, dst, src, nbytes = step
+            _hip.memcpy_dtod(dst, src, nbytes, stream)
+            return
+        _, function, grid, block, args, kind, details = step
+        function.launch(grid, block, (*args, self._next_call(kind, details)), stream=stream)
+
+    def _chunk_input(self, x, offset, nbytes, registered):
+        """The input table and pack offset one chunk's kernel reads, and the
+        copy it needs first: the registered buffer in place (no copy), or the
+        chunk staged into this rank's scratch buffer, which the staged table
+        names on every rank."""
         if registered is not None:
-            return registered, offset // layout.PACK_BYTES
-        _hip.memcpy_dtod(self._buffer.ptr + self._scratch_offset, x.ptr + offset, nbytes,
-                         stream)
-        return self._staged_table.ptr, 0
+            return registered, offset // layout.PACK_BYTES, None
+        return self._staged_table.ptr, 0, ("copy", self._buffer.ptr + self._scratch_offset,
+                                           x.ptr + offset, nbytes)
 
     def _next_call(self, kind, details):
         """The 32-bit sequence number the kernel reports on timeout; the log
         turns it back into a description of the call."""
         call = self._calls & 0xFFFFFFFF
         self._call_log[call % _CALL_LOG] = f"{kind} call {self._calls} {details}"
+        self._checked_call(call)
         self._calls += 1
         return call
 
@@ -472,6 +525,11 @@ class Communicator:
         ``allreduce``.  Returns FusedOutputs(out, residual_out, quantized,
         scales).
         """
+        arrays = (x, residual, weight, out, residual_out, quantized, scales)
+        scalars = (eps, quant, group_size, fp8_dtype, algo)
+        replayed = self._replay_rmsnorm(arrays, scalars, stream)
+        if replayed is not None:
+            return rmsnorm.FusedOutputs._make(replayed)
         self._check_usable()
         if self.debug and self.world > 1:
             with self._node.step("allreduce_rmsnorm (PYAR_DEBUG check)"):
@@ -492,8 +550,17 @@ class Communicator:
             self._row_kernels.add_rmsnorm(call, stream, self._local_blocks())
             return call.outputs()
         self._check_timeout()
-        self._launch_rmsnorm(call, algo, registered, stream)
-        return call.outputs()
+        steps = list(self._rmsnorm_steps(call, algo, registered))
+        for step in steps:
+            self._run_step(step, stream)
+        outputs = call.outputs()
+        # Replayed only when every output is an argument: a new array per
+        # call would need its own allocation and address in the plan.
+        returns = tuple(-1 if a is None else next((i for i, b in enumerate(arrays) if b is a), None)
+                        for a in outputs)
+        if None not in returns:
+            self._remember("allreduce_rmsnorm", arrays, scalars, stream, steps, returns=returns)
+        return outputs
 
     def _local_blocks(self):
         return _hip.Device(self.device).multiprocessor_count * 2
@@ -512,31 +579,33 @@ class Communicator:
                              f"scratch buffer (max_size {self.max_size})")
         if self.world == 1 or call.tokens == 0:
             return call, algo, None
-        source = _hip.as_stream(stream)
-        if source.handle and source.is_capturing:
-            registered = self._registry.defer(call.x)
-        else:
-            registered = self._registry.lookup(call.x.ptr, call.x.nbytes)
+        registered = self._input_table(call.x, stream)
         if algo == "auto":
             algo = algorithms.choose_fused(call.x.nbytes, self.world)
         return call, algo, registered
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
+        for step in self._rmsnorm_steps(call, algo, registered):
+            self._run_step(step, stream)
+
+    def _rmsnorm_steps(self, call, algo, registered):
+        """The copies and launches of one allreduce_rmsnorm, chunk by chunk."""
         function = self._fused_function(algo, call.x.dtype)
         row_bytes = call.hidden * call.x.dtype.itemsize
         chunk = self.max_size // row_bytes
         for first in range(0, call.tokens, chunk):
             count = min(chunk, call.tokens - first)
             offset = first * row_bytes
-            table, in_offset = self._chunk_input(call.x, offset, count * row_bytes, registered,
-                                                 stream)
+            table, in_offset, staging = self._chunk_input(call.x, offset, count * row_bytes,
+                                                          registered)
+            if staging is not None:
+                yield staging
             blocks = min(self._max_fused_blocks[(algo, call.x.dtype)],
                          self._row_kernels.passes(count, call.hidden, call.x.dtype))
-            number = self._next_call("allreduce_rmsnorm",
-                                     f"({algo}, {count} x {call.hidden} {call.x.dtype})")
-            function.launch(blocks, self._layout.threads,
-                            (table, in_offset, count, *call.row_args(first, count),
-                             self._state.ptr, self._timeout_ns, number), stream=stream)
+            yield ("kernel", function, blocks, self._layout.threads,
+                   (table, in_offset, count, *call.row_args(first, count), self._state.ptr,
+                    self._timeout_ns), "allreduce_rmsnorm",
+                   f"({algo}, {count} x {call.hidden} {call.x.dtype})")
 
     # --- teardown ---------------------------------------------------------------
 
@@ -552,6 +621,7 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        self._forget_plans()
         self._finalizer.detach()
         failed_before = self._failure is not None or self._node.failure is not None
         for graph in list(self._captures):

@@ -39,6 +39,10 @@ static const char *const cuda_libraries[] = {"libcuda.so.1", "libcuda.so", NULL}
   X(cuMemGetInfo, "cuMemGetInfo_v2", (size_t *, size_t *))                               \
   X(cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                \
   X(cuMemFree, "cuMemFree_v2", (CUdeviceptr))                                            \
+  X(cuMemAllocAsync, "cuMemAllocAsync", (CUdeviceptr *, size_t, hipStream_t))            \
+  X(cuMemFreeAsync, "cuMemFreeAsync", (CUdeviceptr, hipStream_t))                        \
+  X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", (hipMemPool_t *, CUdevice))  \
+  X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", (hipMemPool_t, int, void *))         \
   X(cuMemHostAlloc, "cuMemHostAlloc", (void **, size_t, unsigned int))                   \
   X(cuMemFreeHost, "cuMemFreeHost", (void *))                                            \
   X(cuMemsetD8, "cuMemsetD8_v2", (CUdeviceptr, unsigned char, size_t))                   \
@@ -224,6 +228,22 @@ static hipError_t cuda_malloc_with_flags(void **ptr, size_t size, unsigned int f
   return cuda_malloc(ptr, size);
 }
 static hipError_t cuda_free(void *ptr) { WITH_CONTEXT(cu.cuMemFree((CUdeviceptr)ptr)); }
+static hipError_t cuda_malloc_async(void **ptr, size_t size, hipStream_t stream) {
+  WITH_CONTEXT(cu.cuMemAllocAsync((CUdeviceptr *)ptr, size, stream));
+}
+static hipError_t cuda_free_async(void *ptr, hipStream_t stream) {
+  WITH_CONTEXT(cu.cuMemFreeAsync((CUdeviceptr)ptr, stream));
+}
+static hipError_t cuda_default_mem_pool(hipMemPool_t *pool, int ordinal) {
+  CUdevice device;
+  CUresult status = init_status ? init_status : cu.cuDeviceGet(&device, ordinal);
+  return status ? status : cu.cuDeviceGetDefaultMemPool(pool, device);
+}
+/* CUmemPool_attribute numbers its entries like hipMemPoolAttr. */
+static hipError_t cuda_mem_pool_set_attribute(hipMemPool_t pool, hipMemPoolAttr attribute,
+                                              void *value) {
+  WITH_CONTEXT(cu.cuMemPoolSetAttribute(pool, attribute, value));
+}
 static hipError_t cuda_host_malloc(void **ptr, size_t size, unsigned int flags) {
   WITH_CONTEXT(cu.cuMemHostAlloc(ptr, size, flags));
 }
@@ -390,6 +410,10 @@ int pyar_load_cuda(pyar_runtime *rt, char *error, size_t error_size) {
   rt->hipMalloc = cuda_malloc;
   rt->hipExtMallocWithFlags = cuda_malloc_with_flags;
   rt->hipFree = cuda_free;
+  rt->hipMallocAsync = cuda_malloc_async;
+  rt->hipFreeAsync = cuda_free_async;
+  rt->hipDeviceGetDefaultMemPool = cuda_default_mem_pool;
+  rt->hipMemPoolSetAttribute = cuda_mem_pool_set_attribute;
   rt->hipHostMalloc = cuda_host_malloc;
   rt->hipHostFree = cuda_host_free;
   rt->hipMemset = cuda_memset;

@@ -35,12 +35,14 @@
   X(hipFunction_t)                                                             \
   X(hipGraph_t)                                                                \
   X(hipGraphExec_t)                                                            \
+  X(hipMemPool_t)                                                              \
   X(hipIpcMemHandle_t)                                                         \
   X(hipMemcpyKind)                                                             \
   X(hipDeviceAttribute_t)                                                      \
   X(hipPointer_attribute)                                                      \
   X(hipStreamCaptureMode)                                                      \
-  X(hipStreamCaptureStatus)
+  X(hipStreamCaptureStatus)                                                    \
+  X(hipMemPoolAttr)
 
 #define PYAR_TYPE_NAME(type) #type,
 #define PYAR_TYPE_SIZE(type) sizeof(type),
@@ -87,6 +89,7 @@ PYAR_CHECK_CONSTANT(hipSuccess)
 PYAR_CHECK_CONSTANT(hipErrorInvalidValue)
 PYAR_CHECK_CONSTANT(hipErrorNoDevice)
 PYAR_CHECK_CONSTANT(hipErrorNotReady)
+PYAR_CHECK_CONSTANT(hipErrorNotSupported)
 PYAR_CHECK_CONSTANT(hipErrorPeerAccessAlreadyEnabled)
 PYAR_CHECK_CONSTANT(hipMemcpyHostToHost)
 PYAR_CHECK_CONSTANT(hipMemcpyHostToDevice)
@@ -105,6 +108,7 @@ PYAR_CHECK_CONSTANT(hipStreamCaptureStatusNone)
 PYAR_CHECK_CONSTANT(hipStreamCaptureStatusActive)
 PYAR_CHECK_CONSTANT(hipStreamCaptureStatusInvalidated)
 PYAR_CHECK_CONSTANT(HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+PYAR_CHECK_CONSTANT(hipMemPoolAttrReleaseThreshold)
 
 /* hip_abi.h: device attributes */
 PYAR_CHECK_CONSTANT(hipDeviceAttributeMultiprocessorCount)

@@ -24,6 +24,10 @@
   X(hipError_t, hipMalloc, (void **, size_t))                                  \
   X(hipError_t, hipExtMallocWithFlags, (void **, size_t, unsigned int))        \
   X(hipError_t, hipFree, (void *))                                             \
+  X(hipError_t, hipMallocAsync, (void **, size_t, hipStream_t))                \
+  X(hipError_t, hipFreeAsync, (void *, hipStream_t))                           \
+  X(hipError_t, hipDeviceGetDefaultMemPool, (hipMemPool_t *, int))             \
+  X(hipError_t, hipMemPoolSetAttribute, (hipMemPool_t, hipMemPoolAttr, void *)) \
   X(hipError_t, hipHostMalloc, (void **, size_t, unsigned int))                \
   X(hipError_t, hipHostFree, (void *))                                         \
   X(hipError_t, hipMemset, (void *, int, size_t))                              \

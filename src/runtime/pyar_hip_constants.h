@@ -8,6 +8,7 @@
 #define PYAR_hipErrorInvalidValue 1
 #define PYAR_hipErrorNoDevice 100
 #define PYAR_hipErrorNotReady 600
+#define PYAR_hipErrorNotSupported 801
 #define PYAR_hipErrorPeerAccessAlreadyEnabled 704
 
 #define PYAR_hipMemcpyHostToHost 0
@@ -30,5 +31,8 @@
 #define PYAR_hipStreamCaptureStatusInvalidated 2
 
 #define PYAR_HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+
+/* The stream-ordered pool keeps up to this many freed bytes for reuse. */
+#define PYAR_hipMemPoolAttrReleaseThreshold 4
 
 #endif

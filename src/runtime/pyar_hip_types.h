@@ -17,6 +17,7 @@ typedef struct pyar_opaque_module *hipModule_t;
 typedef struct pyar_opaque_function *hipFunction_t;
 typedef struct pyar_opaque_graph *hipGraph_t;
 typedef struct pyar_opaque_graph_exec *hipGraphExec_t;
+typedef struct pyar_opaque_mem_pool *hipMemPool_t;
 typedef struct { char reserved[64]; } hipIpcMemHandle_t;
 
 /* C enums in the SDK; 32-bit integers at the ABI level. */
@@ -25,5 +26,6 @@ typedef int hipDeviceAttribute_t;
 typedef int hipPointer_attribute;
 typedef int hipStreamCaptureMode;
 typedef int hipStreamCaptureStatus;
+typedef int hipMemPoolAttr;
 
 #endif

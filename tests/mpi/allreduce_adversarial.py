@@ -119,7 +119,7 @@ class Workload:
         self.outs = [pyar.empty((self.n,), dtype, stream=stream) for _ in range(K)]
         self.inputs = {}
         for variant in variants:
-            xs = [pyar.empty((self.n,), dtype, stream=stream) for _ in range(K)]
+            xs = [pyar.empty((self.n,), dtype, stream=stream, ipc=True) for _ in range(K)]
             if variant == "registered":
                 for x in xs:
                     comm.register(x)  # collective; kept alive until the communicator closes

@@ -93,7 +93,7 @@ def bad_arguments(sc, comm, stream):
                "misaligned (staged) input")
 
     if W > 1:
-        r = pyar.asarray(np.ones(n, f32), stream=stream)
+        r = pyar.asarray(np.ones(n, f32), stream=stream, ipc=True)
         comm.register(r)
         raises(ValueError, lambda: comm.allreduce(r, out=r, algo="oneshot", stream=stream),
                "one-shot in place over a registered input")
@@ -146,7 +146,7 @@ def single_rank(sc, comm, stream):
     for d, dtype in enumerate(DTYPES):
         for n in (1, 7, 4095, (1 << 20) + 3):
             host = normal(dtype, n, 77, d, n)
-            x = pyar.asarray(host, stream=stream)
+            x = pyar.asarray(host, stream=stream, ipc=True)
             for algo in ALGOS + ("auto",):
                 y = comm.allreduce(x, algo=algo, stream=stream)
                 expect_sum(sc, comm, y, host, stream, f"world 1 copy {dtype.name} n={n} {algo}")
@@ -198,13 +198,13 @@ def stale_registration(sc):
     comm = pyar.Communicator(MPI.COMM_WORLD, max_size=1 << 20, timeout=30.0)
     stream = pyar.Stream()
     n = 1 << 16
-    old = pyar.asarray(np.full(n, 1, np.float32), stream=stream)
+    old = pyar.asarray(np.full(n, 1, np.float32), stream=stream, ipc=True)
     comm.register(old)
     expect_sum(sc, comm, comm.allreduce(old, stream=stream), np.full(n, sc.world, np.float32),
                stream, "registered buffer")
     address = old.ptr
     del old  # frees the memory that peers still have mapped
-    new = pyar.asarray(np.full(n, 2, np.float32), stream=stream)
+    new = pyar.asarray(np.full(n, 2, np.float32), stream=stream, ipc=True)
     reused = sc.mpi.allgather(new.ptr == address)
     y = comm.allreduce(new, algo="oneshot", stream=stream)
     comm.synchronize(stream)

@@ -78,7 +78,7 @@ def reduce_with(sc, comm, stream, variant, algo, mine, registered):
         return y, None
     x = registered.get((dtype.name, n))
     if x is None:
-        x = registered[(dtype.name, n)] = pyar.empty((n,), dtype, stream=stream)
+        x = registered[(dtype.name, n)] = pyar.empty((n,), dtype, stream=stream, ipc=True)
         comm.register(x)  # collective: every rank registers the same sizes in order
     x.set(mine, stream=stream)
     if variant == "registered":

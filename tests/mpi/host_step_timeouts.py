@@ -54,7 +54,7 @@ def one_step(sc, name):
     last = sc.world - 1
     comm = pyar.Communicator(MPI.COMM_WORLD, max_size=1 << 20, timeout=TIMEOUT)
     stream = pyar.Stream()
-    x = pyar.asarray(np.ones(N, np.float32), stream=stream)
+    x = pyar.asarray(np.ones(N, np.float32), stream=stream, ipc=True)  # registered
     y = pyar.empty((N,), np.float32, stream=stream)
     stream.synchronize()
     sc.mpi.Barrier()

@@ -183,7 +183,7 @@ def random_mode(sc):
             for ki, kind in enumerate(KINDS):
                 registered = ki % 2 == 1
                 if registered:
-                    x_reg = pyar.asarray(x_dev.get(stream=stream), stream=stream)
+                    x_reg = pyar.asarray(x_dev.get(stream=stream), stream=stream, ipc=True)
                     comm.register(x_reg)
                     keep.append(x_reg)
                 for algo in ("onestage", "twostage", "auto"):
@@ -322,7 +322,7 @@ class FusedWorkload:
                                        stream=stream) for j in range(PATTERNS)]
         self.weight = pyar.asarray((1 + 0.25 * normal(np.float32, hidden, *key, 5)).astype(dtype),
                                    stream=stream)
-        self.xs = [pyar.empty(self.shape, dtype, stream=stream) for _ in range(K)]
+        self.xs = [pyar.empty(self.shape, dtype, stream=stream, ipc=True) for _ in range(K)]
         if registered:
             for x in self.xs:
                 comm.register(x)

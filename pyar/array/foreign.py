@@ -1,0 +1,75 @@
+"""Recognizing a CuPy or PyTorch array seen before, without asking it for a
+DLPack capsule or its array interface again (the eager hot path).
+
+An entry is keyed by ``id(obj)`` and holds a weak reference, so it keeps
+nothing alive and a new object at a reused address is not mistaken for the
+old one.  Each lookup re-reads what may change on a live object (PyTorch's
+``set_``/``resize_`` move its data; CuPy's shape may be reassigned) through
+the library's own cheap accessors, and answers only when nothing moved and
+the library's current stream is the stream of the call: then the
+synchronization that ``__dlpack__(stream=...)`` would queue is a no-op, so
+skipping it is exact.  Anything else (another library, another stream, a
+changed object) answers None and takes the full path.
+"""
+import sys
+import weakref
+
+LIMIT = 1024  # entries before the cache starts over
+
+
+def _torch_probe(obj):
+    return obj.data_ptr(), obj.shape, obj.stride(), obj.dtype
+
+
+def _torch_stream(obj):
+    return sys.modules["torch"].cuda.current_stream(obj.device).cuda_stream
+
+
+def _cupy_probe(obj):
+    return obj.data.ptr, obj.shape, obj.strides, obj.dtype
+
+
+def _cupy_stream(obj):
+    return sys.modules["cupy"].cuda.get_current_stream().ptr
+
+
+_LIBRARIES = {"torch": (_torch_probe, _torch_stream), "cupy": (_cupy_probe, _cupy_stream)}
+
+
+def _library(obj):
+    return _LIBRARIES.get(type(obj).__module__.partition(".")[0])
+
+
+class ForeignViews:
+    """id(obj) -> what a view of ``obj`` found: pointer, shape, dtype, device, read-only."""
+
+    def __init__(self):
+        self._seen = {}
+
+    def remember(self, obj, view):
+        """Note the view ``asarray(obj)`` made; ignored for other libraries."""
+        library = _library(obj)
+        if library is None or view._device is None:
+            return
+        try:
+            ref = weakref.ref(obj)
+        except TypeError:
+            return
+        if len(self._seen) >= LIMIT:
+            self._seen.clear()
+        self._seen[id(obj)] = (ref, library, library[0](obj), view._ptr, view._shape,
+                               view._dtype, view._device, view._readonly)
+
+    def lookup(self, obj, stream_handle):
+        """(ptr, shape, dtype, device, read-only) of ``obj`` when it is as
+        remembered and needs no synchronization with ``stream_handle``, else None."""
+        entry = self._seen.get(id(obj))
+        if entry is None or entry[0]() is not obj:
+            return None
+        probe, current_stream = entry[1]
+        if probe(obj) != entry[2] or current_stream(obj) != stream_handle:
+            return None
+        return entry[3:]
+
+    def clear(self):
+        self._seen.clear()

@@ -1,0 +1,371 @@
+"""The eager hot path without a GPU (tier a): a call whose signature was
+planned before is replayed without its checks, and every change the checks
+depend on sends it back through them (pyar/comm/_eager.pyx).
+
+The Communicator is made with ``__new__`` plus the attributes the calls read,
+as in tests/test_comm_cpu.py; kernels are recording stand-ins, staging copies
+go to a monkeypatched ``memcpy_dtod``, and plans are compiled into a
+recording LaunchSequence stand-in (``_sequence_type``), whose ``run`` calls
+are the replays.  Arrays are ``DeviceArray.from_pointer`` on made-up
+addresses with ``device`` given (no GPU call).
+"""
+import ctypes
+import sys
+import types
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+
+import pyar  # noqa: E402
+from pyar import _hip  # noqa: E402
+from pyar.array import foreign  # noqa: E402
+from pyar.comm import _eager, communicator  # noqa: E402
+
+F16 = np.dtype(np.float16)
+
+
+class Function:
+    argtypes = ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint32")
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, grid, block, args=(), shared_mem=0, stream=None):
+        self.launches.append((grid, block, tuple(args), stream))
+
+
+class Sequence:
+    """Records what a plan was compiled from and each replay."""
+    made = []
+
+    def __init__(self):
+        self.steps, self.runs = [], []
+        Sequence.made.append(self)
+
+    def add_copy(self, dst, src, size, out_offset=None):
+        self.steps.append(("copy", dst, src, size, out_offset))
+
+    def add_kernel(self, function, grid, block, args=(), shared_mem=0, *, call_arg=None,
+                   out_args=None):
+        self.steps.append(("kernel", function, grid, block, args, call_arg, out_args))
+
+    def run(self, stream, first_call=0, out=0):
+        self.runs.append((stream, first_call, out))
+
+
+@pytest.fixture
+def comm(monkeypatch):
+    c = communicator.Communicator.__new__(communicator.Communicator)
+    c.world, c.rank, c.device, c.max_size = 4, 0, 0, 4096
+    c._calls, c._call_log, c._functions = 0, {}, {}
+    c._layout = types.SimpleNamespace(threads=512)
+    c._max_blocks = 3
+    c._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
+    c._scratch_offset = 0x1000
+    c._staged_table = types.SimpleNamespace(ptr=0x5100_0000_0000)
+    c._state = types.SimpleNamespace(ptr=0x5200_0000_0000)
+    c._timeout_ns, c.timeout = 10**9, 1.0
+    c._error_words = None  # no timeout record until a test gives one
+    c._registry = types.SimpleNamespace(lookup=lambda ptr, nbytes: None,
+                                        exchange_deferred=lambda: None)
+    c.function = Function()
+    c._function = lambda algo, dtype: c.function
+    c._sequence_type = Sequence
+    c.copies = []
+    monkeypatch.setattr(communicator._hip, "memcpy_dtod",
+                        lambda dst, src, n, stream=None: c.copies.append((dst, src, n)))
+    c.prepared = 0
+    prepare = c._prepare
+
+    def counting_prepare(*args):
+        c.prepared += 1
+        return prepare(*args)
+
+    c._prepare = counting_prepare
+    Sequence.made.clear()
+    return c
+
+
+def array(address, count=1000, dtype=F16, owner=None, readonly=False):
+    return pyar.DeviceArray.from_pointer(address, (count,), dtype, owner=owner, device=0,
+                                         readonly=readonly)
+
+
+X, Y = 0x7000_0000_0000, 0x7100_0000_0000
+
+
+def test_a_repeated_call_replays_its_plan(comm):
+    x, y = array(X), array(Y)
+    assert comm.allreduce(x, out=y) is y
+    assert comm.prepared == 1 and len(comm.function.launches) == 1 and len(comm.copies) == 1
+    (plan,) = Sequence.made
+    # Compiled from exactly the steps the checked call ran, call number last.
+    (grid, block, args, _), = comm.function.launches
+    assert plan.steps == [("copy", comm._buffer.ptr + comm._scratch_offset, X, 2000, None),
+                          ("kernel", comm.function, grid, block, (*args[:-1], 0), 6, {})]
+    for _ in range(3):
+        assert comm.allreduce(x, out=y) is y
+    assert comm.prepared == 1 and len(comm.function.launches) == 1  # nothing checked again
+    assert plan.runs == [(0, 1, 0), (0, 2, 0), (0, 3, 0)]  # call numbers go on
+    assert comm._calls == 4
+    assert comm._replayed_call(3) == "allreduce call 3 (oneshot, 1000 x float16)"
+    assert comm._replayed_call(0) is None  # checked: in the call log
+    assert comm._call_log[0] == "allreduce call 0 (oneshot, 1000 x float16)"
+    # A new object over the same memory is the same signature.
+    assert comm.allreduce(array(X), out=array(Y)) is not None
+    assert comm.prepared == 1 and len(plan.runs) == 4
+
+
+def test_chunked_calls_replay_every_chunk(comm):
+    count = 2 * comm.max_size // 2 + 100  # two whole chunks and a short one
+    x, y = array(X, count), array(Y, count)
+    comm.allreduce(x, out=y)
+    (plan,) = Sequence.made
+    kernels = [s for s in plan.steps if s[0] == "kernel"]
+    copies = [s for s in plan.steps if s[0] == "copy"]
+    assert len(kernels) == 3 and len(copies) == 3
+    assert [s[2] for s in copies] == [X, X + 4096, X + 8192]
+    comm.allreduce(x, out=y)
+    assert plan.runs == [(0, 3, 0)] and comm._calls == 6
+
+
+def test_each_part_of_the_signature_gets_its_own_plan(comm, monkeypatch):
+    monkeypatch.setattr(_eager, "stream_is_capturing", lambda handle: False)
+    comm._input_table = lambda x, stream: None  # asks the stream whether it captures
+    x, y = array(X), array(Y)
+    comm.allreduce(x, out=y)
+    comm.allreduce(x, out=array(Y + 0x10000))           # another output
+    comm.allreduce(x, out=y, algo="twoshot")             # another algorithm
+    comm.allreduce(x, out=y, stream=0x1234)              # another stream
+    comm.allreduce(array(X, 999), out=array(Y, 999))     # another size
+    assert comm.prepared == 5 and len(Sequence.made) == 5
+    comm.allreduce(x, out=y, stream=0x1234)
+    assert comm.prepared == 5 and Sequence.made[3].runs == [(0x1234, 5, 0)]
+
+
+def test_bad_input_still_raises_the_checks_errors(comm):
+    x, y = array(X), array(Y)
+    comm.allreduce(x, out=y)
+    with pytest.raises(ValueError, match="out is a read-only array"):
+        comm.allreduce(x, out=array(Y, readonly=True))
+    with pytest.raises(ValueError, match="partially overlaps"):
+        comm.allreduce(x, out=array(X + 16))
+    with pytest.raises(TypeError, match="host"):
+        comm.allreduce(np.zeros(1000, F16), out=y)
+    with pytest.raises(ValueError, match="algo"):
+        comm.allreduce(x, out=y, algo="threeshot")
+
+
+def test_a_freed_array_is_checked_again(comm):
+    comm.allreduce(array(X), out=array(Y))
+    freed = _hip.PoolMemory.__new__(_hip.PoolMemory)  # never allocated: closed
+    assert freed.closed
+    with pytest.raises(ValueError, match="was freed"):
+        comm.allreduce(array(X, owner=freed), out=array(Y))
+    with pytest.raises(ValueError, match="was freed"):
+        comm.allreduce(array(X), out=array(Y, owner=freed))
+
+
+class Memory(_hip.PoolMemory):
+    """Pool memory whose freeing a test decides."""
+    closed = False
+
+    def __init__(self):
+        pass
+
+
+def test_memory_freed_under_a_replayed_array_is_caught(comm):
+    memory = Memory()
+    x, y = array(X, owner=memory), array(Y)
+    comm.allreduce(x, out=y)
+    comm.allreduce(x, out=y)  # replayed, found by the arrays' identity
+    assert len(Sequence.made[0].runs) == 1
+    memory.closed = True
+    with pytest.raises(ValueError, match="was freed"):
+        comm.allreduce(x, out=y)
+    with pytest.raises(ValueError, match="was freed"):
+        comm.allreduce(y, out=x)
+    assert len(Sequence.made[0].runs) == 1
+
+
+def test_closed_or_failed_communicators_are_not_replayed(comm):
+    x, y = array(X), array(Y)
+    comm.allreduce(x, out=y)
+    comm._failure = pyar.CollectiveTimeout("allreduce call 0", [1], 0, 1.0)
+    with pytest.raises(pyar.CollectiveTimeout):
+        comm.allreduce(x, out=y)
+    comm._failure = None
+    comm._closed = True
+    with pytest.raises(ValueError, match="closed"):
+        comm.allreduce(x, out=y)
+
+
+def test_a_timeout_record_sends_the_call_to_the_checks(comm):
+    x, y = array(X), array(Y)
+    comm.allreduce(x, out=y)
+    words = (ctypes.c_uint32 * communicator._ERROR_WORDS)()
+    comm._error_words, comm._error_ptr = words, ctypes.addressof(words)
+    comm.allreduce(x, out=y)
+    assert len(Sequence.made[0].runs) == 1  # a clear record: replayed
+    words[0], words[1 + 2], words[1 + communicator.MAX_WORLD] = 1, 1, 1
+    with pytest.raises(pyar.CollectiveTimeout, match=r"allreduce call 1 \(oneshot"):
+        comm.allreduce(x, out=y)
+    assert len(Sequence.made[0].runs) == 1
+
+
+def test_debug_checks_every_call(comm, monkeypatch):
+    agreed = []
+    monkeypatch.setattr(communicator.exchange, "run_everywhere",
+                        lambda node, f, *a: f(*a))
+    monkeypatch.setattr(communicator.exchange, "check_agreement",
+                        lambda node, what, value: agreed.append(value))
+    comm._node = None
+    comm.debug = True
+    x, y = array(X), array(Y)
+    for _ in range(3):
+        comm.allreduce(x, out=y)
+    assert len(agreed) == 3 and comm.prepared == 3 and Sequence.made == []
+
+
+def test_registry_changes_forget_every_plan(comm):
+    x, y = array(X), array(Y)
+    comm.allreduce(x, out=y)
+    table = 0x5300_0000_0000
+    comm._registry.lookup = lambda ptr, nbytes: table if ptr == X else None
+    comm.register_graph_buffers()  # the registry changed: x is now read in place
+    comm.allreduce(x, out=y)
+    assert comm.prepared == 2
+    staged, registered = Sequence.made
+    assert staged.steps[0][0] == "copy" and staged.runs == []
+    assert [s[0] for s in registered.steps] == ["kernel"] and registered.steps[0][4][0] == table
+
+
+def test_capturing_streams_are_checked_and_registered(comm, monkeypatch):
+    capturing = []
+    monkeypatch.setattr(_eager, "stream_is_capturing", lambda handle: bool(capturing))
+    comm._input_table = lambda x, stream: None
+    x, y = array(X), array(Y)
+    comm.allreduce(x, out=y, stream=0x1234)
+    capturing.append(True)
+    comm.allreduce(x, out=y, stream=0x1234)
+    assert comm.prepared == 2 and Sequence.made[0].runs == []
+    capturing.clear()
+    comm.allreduce(x, out=y, stream=0x1234)
+    assert comm.prepared == 2 and Sequence.made[0].runs == [(0x1234, 2, 0)]
+
+
+def test_pool_memory_cannot_be_registered(comm):
+    pool = array(X, owner=_hip.PoolMemory.__new__(_hip.PoolMemory))
+    view = pyar.DeviceArray.from_pointer(X, (1000,), F16, owner=pool, device=0)
+    assert view.stream_ordered and not array(X).stream_ordered
+    with pytest.raises(ValueError, match="stream-ordered pool.*ipc=True"):
+        comm.register(view)
+
+
+# --- foreign arrays -------------------------------------------------------------------
+
+class FakeCupyArray:
+    """What the probe reads of a CuPy array."""
+    __module__ = "cupy._core.core"
+
+    def __init__(self, ptr, shape=(1000,), dtype=F16):
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.shape, self.strides, self.dtype = shape, (dtype.itemsize,), dtype
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    current = types.SimpleNamespace(ptr=0)
+    module = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: current))
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    return current
+
+
+def view_of(obj):
+    return pyar.DeviceArray.from_pointer(obj.data.ptr, obj.shape, obj.dtype, owner=obj,
+                                         device=0)
+
+
+def test_foreign_arrays_are_recognized_while_unchanged(fake_cupy):
+    views = foreign.ForeignViews()
+    a = FakeCupyArray(X)
+    views.remember(a, view_of(a))
+    assert views.lookup(a, 0) == (X, (1000,), F16, 0, False)
+    assert views.lookup(FakeCupyArray(X), 0) is None  # another object: parsed afresh
+    assert views.lookup(a, 0x1234) is None  # the producer's stream is not the call's
+    fake_cupy.ptr = 0x1234
+    assert views.lookup(a, 0x1234) is not None
+    a.shape = (500, 2)  # CuPy lets a shape be reassigned
+    assert views.lookup(a, 0x1234) is None
+
+
+def test_foreign_entries_hold_no_reference_and_survive_no_address_reuse(fake_cupy):
+    views = foreign.ForeignViews()
+    a = FakeCupyArray(X)
+    views.remember(a, view_of(a))
+    address = id(a)
+    del a
+    for _ in range(100):  # objects made now may land at the old address
+        b = FakeCupyArray(Y)
+        assert views.lookup(b, 0) is None or id(b) != address
+    assert all(entry[0]() is None for entry in views._seen.values())
+
+
+def test_other_libraries_are_not_remembered():
+    views = foreign.ForeignViews()
+    other = types.SimpleNamespace(data=types.SimpleNamespace(ptr=X))
+    views.remember(other, array(X))
+    assert views._seen == {}
+
+
+def test_a_foreign_array_takes_the_replay(comm, fake_cupy, monkeypatch):
+    parsed = []
+
+    def asarray(obj):
+        parsed.append(obj)
+        return view_of(obj)
+
+    monkeypatch.setattr(communicator, "asarray", asarray)
+    x, y = FakeCupyArray(X), FakeCupyArray(Y)
+    first = comm.allreduce(x, out=y)
+    second = comm.allreduce(x, out=y)
+    assert parsed == [x, y] and comm.prepared == 1  # not parsed again
+    assert Sequence.made[0].runs == [(0, 1, 0)]
+    for result in (first, second):
+        assert isinstance(result, pyar.DeviceArray)
+        assert (result.ptr, result.shape, result.dtype) == (Y, (1000,), F16)
+    fake_cupy.ptr = 0x99  # CuPy's current stream moved: ordering is the checks' job
+    comm.allreduce(x, out=y)
+    assert comm.prepared == 2
+
+
+# --- allreduce_rmsnorm --------------------------------------------------------------
+
+def test_fused_calls_replay_and_return_their_arguments(monkeypatch):
+    from tests import test_rmsnorm_cpu as fused
+    comm = fused._comm(world=2)
+    comm._sequence_type = Sequence
+    comm._error_words = None
+    monkeypatch.setattr(communicator._hip, "memcpy_dtod", lambda *a, **k: None)
+    Sequence.made.clear()
+    bf16 = fused.BF16
+    x, residual = array(X, dtype=bf16).reshape(1, 1000), array(Y, dtype=bf16).reshape(1, 1000)
+    weight = array(0x7200_0000_0000, dtype=bf16)
+    out = array(0x7300_0000_0000, dtype=bf16).reshape(1, 1000)
+    first = comm.allreduce_rmsnorm(x, residual, weight, out=out)
+    again = comm.allreduce_rmsnorm(x, residual, weight, out=out)
+    assert first == again == (out, residual, None, None)
+    assert isinstance(again, pyar.comm.rmsnorm.FusedOutputs)
+    (plan,) = Sequence.made
+    assert plan.runs == [(0, 1, 0)]
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1e-5, out=out)  # another eps: planned
+    assert len(Sequence.made) == 2
+    # out=None allocates a new array per call: checked and planned every time.
+    monkeypatch.setattr(communicator.rmsnorm, "empty",
+                        lambda shape, dtype, stream=None: pyar.DeviceArray.from_pointer(
+                            0x7400_0000_0000, shape, dtype, device=0))
+    comm.allreduce_rmsnorm(x, residual, weight)
+    comm.allreduce_rmsnorm(x, residual, weight)
+    assert len(Sequence.made) == 2
