@@ -73,7 +73,7 @@ PYAR_DEVICE bool reached(uint32_t value, uint32_t epoch) {
 
 template <int W>
 PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const CallInfo &info) {
-  __syncthreads();  // the block's earlier reads and writes precede the release
+  sync_block_before_release();  // the block's earlier reads and writes precede the release
   int arrived = 1;
   if (threadIdx.x < W) {
     const uint32_t peer = threadIdx.x;
