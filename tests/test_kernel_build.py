@@ -551,3 +551,53 @@ def test_supported_hip_archs():
         # Debian's HIP 5.2 (clang-15) knows gfx90a/gfx940 but not gfx942/gfx950.
         assert kept == ["gfx90a"]
     assert setup_kernels.supported_hip_archs(HIPCC, []) == []
+
+
+class FakeCompiler:
+    def __init__(self, name, archs):
+        self.name, self.archs = name, archs
+
+    def short_name(self):
+        return self.name
+
+
+def test_each_arch_goes_to_the_first_compiler_that_builds_it(monkeypatch, capfd):
+    monkeypatch.setattr(setup_kernels, "probe", lambda compiler, arch, cache: None
+                        if arch in compiler.archs else f"error: no {arch}")
+    rocm = FakeCompiler("ROCm hipcc", {"gfx90a", "gfx942", "gfx950"})
+    clang = FakeCompiler("clang++-19", {"gfx90a", "gfx942"})
+    hipcc = FakeCompiler("hipcc", {"gfx90a"})
+    chosen = setup_kernels.assign_hip_archs([rocm, clang, hipcc], ["gfx90a", "gfx950"], "c")
+    assert chosen == {"gfx90a": rocm, "gfx950": rocm}
+    chosen = setup_kernels.assign_hip_archs([clang, hipcc], ["gfx90a", "gfx942", "gfx950"], "c")
+    assert chosen == {"gfx90a": clang, "gfx942": clang}
+    lines = capfd.readouterr().err.splitlines()[-3:]
+    assert lines == ["pyar kernels: gfx90a: built by clang++-19",
+                     "pyar kernels: gfx942: built by clang++-19",
+                     "pyar kernels: gfx950: skipped, clang++-19: error: no gfx950; "
+                     "hipcc: error: no gfx950"]
+
+
+def test_amd_compilers_in_order_of_preference(monkeypatch, tmp_path):
+    libs = tmp_path / "bitcode"
+    libs.mkdir()
+    (libs / "ockl.bc").write_bytes(b"BC")
+    monkeypatch.setattr(setup_kernels, "find_rocm_hipcc", lambda: "/opt/rocm/bin/hipcc")
+    monkeypatch.setattr(setup_kernels, "find_hip_clang", lambda: "/usr/bin/clang++-19")
+    monkeypatch.setattr(setup_kernels, "find_device_libs", lambda: str(libs))
+    monkeypatch.setattr(setup_kernels, "find_hipcc", lambda: "/usr/bin/hipcc")
+    folder = tmp_path / "libs"
+    folder.mkdir()
+    compilers = setup_kernels.amd_compilers(["gfx90a"], str(folder))
+    assert [(type(c).__name__, c.path) for c in compilers] == [
+        ("Hipcc", "/opt/rocm/bin/hipcc"), ("HipClang", "/usr/bin/clang++-19"),
+        ("Hipcc", "/usr/bin/hipcc")]
+    assert os.path.islink(folder / "ockl.bc")  # the device libraries, linked
+    command = compilers[1].command("/k/a.cu", "/o/a.co", "gfx942", ["X"])
+    assert f"--rocm-device-lib-path={folder}" in command and "--offload-arch=gfx942" in command
+    assert compilers[1].stable(command).count("--rocm-device-lib-path=DEVICE_LIBS") == 1
+    # ROCm's hipcc, also found on PATH, is listed once
+    monkeypatch.setattr(setup_kernels, "find_hipcc", lambda: "/opt/rocm/bin/hipcc")
+    (tmp_path / "again").mkdir()
+    assert [c.label for c in setup_kernels.amd_compilers([], str(tmp_path / "again"))] == [
+        "ROCm hipcc", "clang++-19"]
