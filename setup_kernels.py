@@ -53,7 +53,12 @@ REPORT_NAME = "kernel_resources.md"
 AMD_RESOURCE_REMARKS = "-Rpass-analysis=kernel-resource-usage"
 
 
+# What the build said, for the top of its report (pip hides the build's output).
+_logged = []
+
+
 def log(message):
+    _logged.append(message)
     sys.stderr.write(f"pyar kernels: {message}\n")  # one write: the threads' lines stay whole
     sys.stderr.flush()
 
@@ -489,16 +494,19 @@ def amd_resources(text):
 
 def cuda_resources(text):
     """[{kernel, arch, registers, spill_stores, spill_loads, stack}] from ptxas -v."""
-    rows, current = [], None
+    rows, current, properties_of = [], None, None
     for line in text.splitlines():
         entry = re.search(r"Compiling entry function '(\w+)' for '(sm_\d+)'", line)
         if entry:
             current = {"kernel": entry.group(1), "arch": entry.group(2)}
             rows.append(current)
             continue
+        properties = re.search(r"Function properties for (\S+)", line)
+        if properties:  # also printed for device functions that were not inlined
+            properties_of = properties.group(1)
         frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
                           r"(\d+) bytes spill loads", line)
-        if frame and current:
+        if frame and current and properties_of == current["kernel"]:
             current.update(stack=int(frame.group(1)), spill_stores=int(frame.group(2)),
                            spill_loads=int(frame.group(3)))
         registers = re.search(r"Used (\d+) registers", line)
@@ -549,6 +557,7 @@ def build(source_dir, output_dir, defines=(), names=None):
     """Compile every .cu in ``source_dir`` (or those in ``names``) into
     ``output_dir``; returns the code objects made.  ``defines`` are passed to
     every compilation (the test-only builds)."""
+    del _logged[:]
     cuda_archs, hip_archs = requested_archs()
     sources = sorted(f for f in os.listdir(source_dir) if f.endswith(".cu")
                      and (names is None or f in names))
@@ -607,9 +616,10 @@ def build(source_dir, output_dir, defines=(), names=None):
         log("no GPU toolchain: pyar is built without kernels")
         return made
     table, summary = resource_report(results)
-    with open(os.path.join(output_dir, REPORT_NAME), "w") as f:
-        f.write("# Registers and spills per kernel\n\n" + table)
     for line in summary:
         log(line)
+    with open(os.path.join(output_dir, REPORT_NAME), "w") as f:
+        f.write("# The kernel build\n\n" + "".join(f"    {line}\n" for line in _logged)
+                + "\n# Registers and spills per kernel\n\n" + table)
     log(f"registers and spills of every kernel: {os.path.join(output_dir, REPORT_NAME)}")
     return sorted(made)

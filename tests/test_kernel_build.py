@@ -362,6 +362,8 @@ def test_package_build_makes_both_flavours(tiny_source, tmp_path, monkeypatch):
                                     [HIP_ARCH]) == []
 
     report = (output / setup_kernels.REPORT_NAME).read_text()
+    assert re.search(rf"^    {HIP_ARCH}: built by \S", report, re.M)  # the build's log
+    assert re.search(r"^    tiny.cu sm_90 nvcc [\d.]+: (compiled in \d+ s|cached)$", report, re.M)
     for name in TINY_ENTRY_POINTS:  # a row for sm_90 and one for the AMD arch
         assert len(re.findall(rf"\| tiny \| (sm_90|{HIP_ARCH}) \| [^|]+ \| {name} \|",
                               report)) == 2, report
@@ -454,6 +456,8 @@ ptxas info    : Compiling entry function 'pyar_a' for 'sm_90'
 ptxas info    : Function properties for pyar_a
     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 400 bytes cmem[0]
+ptxas info    : Function properties for _Z6helperi
+    24 bytes stack frame, 24 bytes spill stores, 24 bytes spill loads
 ptxas info    : Compiling entry function 'pyar_a' for 'sm_80'
 ptxas info    : Function properties for pyar_a
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
