@@ -1,12 +1,15 @@
 """Kernel compilation for both platforms (tier a).
 
-Every src/kernels/*.cu is compiled the way the package build does it
-(setup_kernels): nvcc to a fatbin with machine code for sm_80 and sm_90 plus
-PTX, and Debian's (or ROCm's) hipcc --genco to a code-object bundle for
-gfx90a.  The outputs are opened (fatbin container, clang offload bundle) and
-every ``extern "C" __global__`` entry point that the preprocessed source
-defines must be a symbol of every architecture's code.  Also: the target
-parsing of PYAR_GPU_ARCHS and the probe that drops targets hipcc cannot build.
+Every src/kernels/*.cu, compiled by the package build (setup_kernels, through
+its kernel cache: after an install nothing is compiled again): nvcc to a
+fatbin with machine code for sm_80 and sm_90 plus PTX, and an AMD code-object
+bundle for every arch an AMD compiler here can build (clang-19: gfx90a and
+gfx942; Debian's hipcc: gfx90a).  The outputs are opened (fatbin container,
+clang offload bundle) and every ``extern "C" __global__`` entry point that the
+preprocessed source defines must be a symbol of every architecture's code.
+Also: the cache (what it reuses and what makes it compile again), the bundle
+writer, the register reports, the target parsing of PYAR_GPU_ARCHS and the
+probe that drops targets a compiler cannot build.
 """
 import os
 import re
@@ -21,6 +24,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import setup_kernels  # noqa: E402
+from tests import kernel_builds  # noqa: E402
 
 KERNELS = os.path.join(ROOT, "src", "kernels")
 SOURCES = sorted(f for f in os.listdir(KERNELS) if f.endswith(".cu")) if os.path.isdir(
@@ -159,21 +163,6 @@ def fatbin_entries(data):
     return entries
 
 
-def offload_bundle_entries(data):
-    """{triple: payload} of a clang offload bundle (hipcc --genco)."""
-    magic = b"__CLANG_OFFLOAD_BUNDLE__"
-    assert data.startswith(magic), f"not a clang offload bundle: {data[:24]!r}"
-    count, = struct.unpack_from("<Q", data, len(magic))
-    entries, position = {}, len(magic) + 8
-    for _ in range(count):
-        offset, size, triple_size = struct.unpack_from("<QQQ", data, position)
-        position += 24
-        triple = data[position:position + triple_size].decode()
-        position += triple_size
-        entries[triple] = data[offset:offset + size]
-    return entries
-
-
 def elf_symbols(elf):
     """Names in the symbol tables of a 64-bit little-endian ELF."""
     assert elf[:4] == b"\x7fELF" and elf[4] == 2 and elf[5] == 1, "not a 64-bit LE ELF"
@@ -221,7 +210,7 @@ def missing_cuda_entry_points(fatbin, names, archs):
 
 
 def missing_hip_entry_points(bundle, names, archs):
-    entries = offload_bundle_entries(bundle)
+    entries = setup_kernels.read_bundle(bundle)
     problems = []
     for arch in archs:
         code = [payload for triple, payload in entries.items()
@@ -329,33 +318,34 @@ def test_tiny_kernel_for_amd(tiny_source, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("kernels")
+def package_build(tmp_path_factory):
+    """The package build's code objects (default targets), from the cache."""
+    return kernel_builds.build(tmp_path_factory.mktemp("kernels"),
+                               setup_kernels.DEFAULT_CUDA_ARCHS + setup_kernels.DEFAULT_HIP_ARCHS)
 
 
 @needs_nvcc
 @pytest.mark.parametrize("name", SOURCES)
-def test_cuda_fatbin_has_every_entry_point(name, build_dir):
+def test_cuda_fatbin_has_every_entry_point(name, package_build):
     source = os.path.join(KERNELS, name)
     names = entry_points(preprocess_cuda(source), source)
     assert names, f"{name} defines no extern \"C\" __global__ entry point"
-    output = str(build_dir / (name[:-3] + ".fatbin"))
-    run(setup_kernels.nvcc_command(NVCC, source, output, CUDA_ARCHS))
-    with open(output, "rb") as f:
-        assert missing_cuda_entry_points(f.read(), names, CUDA_ARCHS) == []
+    with open(package_build[name[:-3] + ".fatbin"], "rb") as f:
+        assert missing_cuda_entry_points(f.read(), names, setup_kernels.DEFAULT_CUDA_ARCHS) == []
 
 
 @needs_hipcc
 @pytest.mark.parametrize("name", SOURCES)
-def test_amd_code_object_has_every_entry_point(name, build_dir):
+def test_amd_code_object_has_every_entry_point(name, package_build):
     source = os.path.join(KERNELS, name)
     names = entry_points(preprocess_hip(source), source)
     assert names, f"{name} defines no extern \"C\" __global__ entry point"
-    output = str(build_dir / (name[:-3] + ".hsaco"))
-    run(setup_kernels.hipcc_command(HIPCC, source, output, [HIP_ARCH]),
-        env=setup_kernels.hip_environment())
-    with open(output, "rb") as f:
-        assert missing_hip_entry_points(f.read(), names, [HIP_ARCH]) == []
+    with open(package_build[name[:-3] + ".hsaco"], "rb") as f:
+        bundle = f.read()
+    archs = sorted(t.split("--")[-1] for t in setup_kernels.read_bundle(bundle)
+                   if t.startswith("hipv4-"))
+    assert HIP_ARCH in archs
+    assert missing_hip_entry_points(bundle, names, archs) == []
 
 
 @needs_nvcc
@@ -371,10 +361,135 @@ def test_package_build_makes_both_flavours(tiny_source, tmp_path, monkeypatch):
     assert missing_hip_entry_points((output / "tiny.hsaco").read_bytes(), TINY_ENTRY_POINTS,
                                     [HIP_ARCH]) == []
 
+    report = (output / setup_kernels.REPORT_NAME).read_text()
+    assert re.search(rf"^    {HIP_ARCH}: built by \S", report, re.M)  # the build's log
+    assert re.search(r"^    tiny.cu sm_90 nvcc [\d.]+: (compiled in \d+ s|cached)$", report, re.M)
+    for name in TINY_ENTRY_POINTS:  # a row for sm_90 and one for the AMD arch
+        assert len(re.findall(rf"\| tiny \| (sm_90|{HIP_ARCH}) \| [^|]+ \| {name} \|",
+                              report)) == 2, report
+
     monkeypatch.setenv("PYAR_GPU_ARCHS", "sm_90")
     only_cuda = tmp_path / "cuda-only"
     made = setup_kernels.build(os.path.dirname(tiny_source), str(only_cuda))
     assert [os.path.basename(p) for p in made] == ["tiny.fatbin"]
+
+
+def build_log(capfd, tiny_source, output):
+    made = setup_kernels.build(os.path.dirname(tiny_source), str(output))
+    lines = [line for line in capfd.readouterr().err.splitlines() if "tiny.cu" in line]
+    return {os.path.basename(p): open(p, "rb").read() for p in made}, lines
+
+
+@needs_nvcc
+def test_cache_reuses_unchanged_builds(tiny_source, tmp_path, monkeypatch, capfd):
+    """A second build compiles nothing; a changed header, define or target
+    compiles again; one log line per source, target and compiler."""
+    monkeypatch.setenv("PYAR_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYAR_GPU_ARCHS", "sm_90")
+    first, lines = build_log(capfd, tiny_source, tmp_path / "a")
+    assert len(lines) == 1 and re.search(r"tiny.cu sm_90 nvcc [\d.]+: compiled in \d+ s", lines[0])
+    again, lines = build_log(capfd, tiny_source, tmp_path / "b")
+    assert again == first and len(lines) == 1
+    assert "tiny.cu sm_90 nvcc" in lines[0] and lines[0].endswith(": cached")
+    header = os.path.join(os.path.dirname(tiny_source), "pyar_device.h")
+    with open(header, "a") as f:
+        f.write("\n// changed\n")
+    _, lines = build_log(capfd, tiny_source, tmp_path / "c")
+    assert "compiled" in lines[0]
+    monkeypatch.setenv("PYAR_GPU_ARCHS", "sm_80;sm_90")
+    _, lines = build_log(capfd, tiny_source, tmp_path / "d")
+    assert "tiny.cu sm_80,sm_90" in lines[0] and "compiled" in lines[0]
+    made = setup_kernels.build(os.path.dirname(tiny_source), str(tmp_path / "e"),
+                               defines=("PYAR_TINY",))
+    assert "compiled" in [line for line in capfd.readouterr().err.splitlines()
+                          if "tiny.cu" in line][0]
+    assert len(made) == 1
+
+
+def test_included_files_follow_the_includes(tmp_path):
+    (tmp_path / "a.cu").write_text('#include "b.h"\n#include <stdint.h>\n')
+    (tmp_path / "b.h").write_text('  #  include "sub/c.h"\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.h").write_text('#include "../b.h"\n')  # a cycle
+    found = setup_kernels.included_files(str(tmp_path / "a.cu"), [str(tmp_path)])
+    assert [os.path.relpath(p, tmp_path) for p in found] == ["a.cu", "b.h", "sub/c.h"]
+
+
+BUNDLER = shutil.which("clang-offload-bundler-19") or shutil.which("clang-offload-bundler")
+
+
+@pytest.mark.skipif(BUNDLER is None, reason="no clang-offload-bundler to read the bundle back")
+def test_bundle_reads_back_with_clang_offload_bundler(tmp_path):
+    codes = {"gfx942": b"\x7fELF-942" * 1000, "gfx90a": b"\x7fELF-90a" * 3}
+    path = str(tmp_path / "k.hsaco")
+    setup_kernels.write_bundle(path, codes)
+    listed = run([BUNDLER, "--list", "--type=o", f"--input={path}"]).stdout.split()
+    assert sorted(listed) == sorted([setup_kernels.HOST_TRIPLE]
+                                    + [f"hipv4-amdgcn-amd-amdhsa--{a}" for a in codes])
+    for arch, code in codes.items():
+        out = tmp_path / arch
+        run([BUNDLER, "--unbundle", "--type=o", f"--input={path}", f"--output={out}",
+             f"--targets=hipv4-amdgcn-amd-amdhsa--{arch}"])
+        assert out.read_bytes() == code
+    with open(path, "rb") as f:
+        assert {t: len(p) for t, p in setup_kernels.read_bundle(f.read()).items()} == {
+            setup_kernels.HOST_TRIPLE: 0, **{f"hipv4-amdgcn-amd-amdhsa--{a}": len(c)
+                                             for a, c in codes.items()}}
+
+
+AMD_REMARKS = """\
+k.cu:3:1: remark: Function Name: pyar_a [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     SGPRs: 40 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     VGPRs: 256 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     AGPRs: 0 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     ScratchSize [bytes/lane]: 52 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     Dynamic Stack: False [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     Occupancy [waves/SIMD]: 2 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     SGPRs Spill: 0 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     VGPRs Spill: 13 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     LDS Size [bytes/block]: 64 [-Rpass-analysis=kernel-resource-usage]
+k.cu:9:1: remark: Function Name: pyar_b [-Rpass-analysis=kernel-resource-usage]
+k.cu:9:1: remark:     VGPRs: 8 [-Rpass-analysis=kernel-resource-usage]
+"""
+PTXAS = """\
+ptxas info    : Compiling entry function 'pyar_a' for 'sm_90'
+ptxas info    : Function properties for pyar_a
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 400 bytes cmem[0]
+ptxas info    : Function properties for _Z6helperi
+    24 bytes stack frame, 24 bytes spill stores, 24 bytes spill loads
+ptxas info    : Compiling entry function 'pyar_a' for 'sm_80'
+ptxas info    : Function properties for pyar_a
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, 380 bytes cmem[0]
+"""
+
+
+def test_resource_reports_are_read():
+    amd = setup_kernels.amd_resources(AMD_REMARKS)
+    assert amd == [{"kernel": "pyar_a", "sgprs": 40, "vgprs": 256, "agprs": 0, "scratch": 52,
+                    "occupancy": 2, "sgpr_spill": 0, "vgpr_spill": 13},
+                   {"kernel": "pyar_b", "vgprs": 8}]
+    cuda = setup_kernels.cuda_resources(PTXAS)
+    assert cuda == [{"kernel": "pyar_a", "arch": "sm_90", "stack": 8, "spill_stores": 4,
+                     "spill_loads": 4, "registers": 255},
+                    {"kernel": "pyar_a", "arch": "sm_80", "stack": 0, "spill_stores": 0,
+                     "spill_loads": 0, "registers": 32}]
+    table, summary = setup_kernels.resource_report(
+        [("k", "gfx942", "clang", amd), ("k", "sm_90", "nvcc", cuda[:1])])
+    assert "| k | gfx942 | clang | pyar_a | 256 | 0/40 | 13 VGPRs, 0 SGPRs | 52 | 2 |" in table
+    assert "| k | sm_90 | nvcc | pyar_a | 255 |  | 4 B stores, 4 B loads | 8 |  |" in table
+    assert summary == ["k gfx942: 2 kernels, at most 256 registers, 1 spill to memory: pyar_a",
+                       "k sm_90: 1 kernels, at most 255 registers, 1 spill to memory: pyar_a"]
+    amd[0].update(vgpr_spill=0, scratch=0, sgpr_spill=9)  # SGPRs spill into VGPR lanes
+    _, summary = setup_kernels.resource_report([("k", "gfx942", "clang", amd)])
+    assert summary == ["k gfx942: 2 kernels, at most 256 registers, no spills to memory"]
+
+
+def test_isa_version_files():
+    assert setup_kernels.isa_version_file("gfx942") == ("oclc_isa_version_942.bc", 9402)
+    assert setup_kernels.isa_version_file("gfx90a") == ("oclc_isa_version_90a.bc", 9010)
+    assert setup_kernels.isa_version_file("gfx1100") is None
 
 
 # ---------------------------------------------------------------------------
@@ -440,3 +555,53 @@ def test_supported_hip_archs():
         # Debian's HIP 5.2 (clang-15) knows gfx90a/gfx940 but not gfx942/gfx950.
         assert kept == ["gfx90a"]
     assert setup_kernels.supported_hip_archs(HIPCC, []) == []
+
+
+class FakeCompiler:
+    def __init__(self, name, archs):
+        self.name, self.archs = name, archs
+
+    def short_name(self):
+        return self.name
+
+
+def test_each_arch_goes_to_the_first_compiler_that_builds_it(monkeypatch, capfd):
+    monkeypatch.setattr(setup_kernels, "probe", lambda compiler, arch, cache: None
+                        if arch in compiler.archs else f"error: no {arch}")
+    rocm = FakeCompiler("ROCm hipcc", {"gfx90a", "gfx942", "gfx950"})
+    clang = FakeCompiler("clang++-19", {"gfx90a", "gfx942"})
+    hipcc = FakeCompiler("hipcc", {"gfx90a"})
+    chosen = setup_kernels.assign_hip_archs([rocm, clang, hipcc], ["gfx90a", "gfx950"], "c")
+    assert chosen == {"gfx90a": rocm, "gfx950": rocm}
+    chosen = setup_kernels.assign_hip_archs([clang, hipcc], ["gfx90a", "gfx942", "gfx950"], "c")
+    assert chosen == {"gfx90a": clang, "gfx942": clang}
+    lines = capfd.readouterr().err.splitlines()[-3:]
+    assert lines == ["pyar kernels: gfx90a: built by clang++-19",
+                     "pyar kernels: gfx942: built by clang++-19",
+                     "pyar kernels: gfx950: skipped, clang++-19: error: no gfx950; "
+                     "hipcc: error: no gfx950"]
+
+
+def test_amd_compilers_in_order_of_preference(monkeypatch, tmp_path):
+    libs = tmp_path / "bitcode"
+    libs.mkdir()
+    (libs / "ockl.bc").write_bytes(b"BC")
+    monkeypatch.setattr(setup_kernels, "find_rocm_hipcc", lambda: "/opt/rocm/bin/hipcc")
+    monkeypatch.setattr(setup_kernels, "find_hip_clang", lambda: "/usr/bin/clang++-19")
+    monkeypatch.setattr(setup_kernels, "find_device_libs", lambda: str(libs))
+    monkeypatch.setattr(setup_kernels, "find_hipcc", lambda: "/usr/bin/hipcc")
+    folder = tmp_path / "libs"
+    folder.mkdir()
+    compilers = setup_kernels.amd_compilers(["gfx90a"], str(folder))
+    assert [(type(c).__name__, c.path) for c in compilers] == [
+        ("Hipcc", "/opt/rocm/bin/hipcc"), ("HipClang", "/usr/bin/clang++-19"),
+        ("Hipcc", "/usr/bin/hipcc")]
+    assert os.path.islink(folder / "ockl.bc")  # the device libraries, linked
+    command = compilers[1].command("/k/a.cu", "/o/a.co", "gfx942", ["X"])
+    assert f"--rocm-device-lib-path={folder}" in command and "--offload-arch=gfx942" in command
+    assert compilers[1].stable(command).count("--rocm-device-lib-path=DEVICE_LIBS") == 1
+    # ROCm's hipcc, also found on PATH, is listed once
+    monkeypatch.setattr(setup_kernels, "find_hipcc", lambda: "/opt/rocm/bin/hipcc")
+    (tmp_path / "again").mkdir()
+    assert [c.label for c in setup_kernels.amd_compilers([], str(tmp_path / "again"))] == [
+        "ROCm hipcc", "clang++-19"]

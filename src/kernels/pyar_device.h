@@ -28,7 +28,22 @@ namespace pyar {
 
 PYAR_DEVICE void store_release_system(uint32_t *flag, uint32_t value) {
 #if PYAR_AMD
+  // On gfx9 the system-scope release is `buffer_wbl2` (write the L2 back to
+  // memory) and a wait for it; LLVM before early 2026 (llvm-project PR
+  // 178316) can drop that wait, and a peer then sees the flag before the data.
+  // So: the fence, an explicit wait, then a relaxed store.  CI reads the
+  // machine code of every shipped kernel for it (tests/test_machine_code.py);
+  // PYAR_TEST_NO_RELEASE_WAIT builds its negative fixture, the release store
+  // as it was (clang-19 emits it without the wait).
+#ifdef PYAR_TEST_NO_RELEASE_WAIT
   __hip_atomic_store(flag, value, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "");
+#ifdef __GFX9__
+  asm volatile("s_waitcnt vmcnt(0)" ::: "memory");
+#endif
+  __hip_atomic_store(flag, value, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#endif
 #else
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 #endif
@@ -44,13 +59,34 @@ PYAR_DEVICE uint32_t load_acquire_system(const uint32_t *flag) {
 #endif
 }
 
+// The block-wide synchronization before one thread releases what the whole
+// block wrote.  On AMD gfx90a/gfx94x the workgroup barrier does not wait for
+// a wave's outstanding stores (the barrier backs off, and a workgroup-scope
+// release emits no vmcnt wait), and a release in one wave cannot wait for
+// another wave's stores: the releasing wave's L2 write-back could miss data
+// still on its way to the L2 (the transitivity gap LLVM closed for gfx10+
+// CU mode in llvm-project PR 160501).  So each wave waits for its own first.
+PYAR_DEVICE void sync_block_before_release() {
+#if PYAR_AMD
+  asm volatile("s_waitcnt vmcnt(0)" ::: "memory");
+#endif
+  __syncthreads();
+}
+
 // Host-visible error words: written once, read by the host after the kernel.
 PYAR_DEVICE void store_volatile(uint32_t *word, uint32_t value) {
   *reinterpret_cast<volatile uint32_t *>(word) = value;
 }
 
 PYAR_DEVICE uint32_t load_volatile(const uint32_t *word) {
+#if PYAR_AMD
+  // An acquire, like every system-coherent load on AMD: the machine-code
+  // check can then hold each of them to the acquire sequence (only slow
+  // paths read these words).
+  return __hip_atomic_load(word, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
   return *reinterpret_cast<const volatile uint32_t *>(word);
+#endif
 }
 
 // --- Time, for bounded spins -------------------------------------------------

@@ -90,7 +90,7 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
 #if defined(PYAR_TEST_SKIP_PHASE)
   if (phase == PYAR_TEST_SKIP_PHASE) return true;
 #endif
-  __syncthreads();  // the block's earlier reads and writes precede the release
+  sync_block_before_release();  // the block's earlier reads and writes precede the release
   int arrived = 1;
   if (threadIdx.x < W) {
     const uint32_t peer = threadIdx.x;

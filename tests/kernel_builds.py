@@ -1,0 +1,21 @@
+"""The package's kernel build, as the tests share it: setup_kernels.build of
+src/kernels for the given targets, through the kernel cache, so the tests
+reuse what the install compiled instead of compiling again."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import setup_kernels  # noqa: E402
+
+KERNELS = os.path.join(ROOT, "src", "kernels")
+
+
+def build(folder, archs, defines=(), names=None):
+    """{file name: path} of the code objects built into ``folder``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYAR_GPU_ARCHS", ";".join(archs))
+        made = setup_kernels.build(KERNELS, str(folder), defines, names)
+    return {os.path.basename(path): path for path in made}

@@ -1,0 +1,353 @@
+"""Reading the machine code of pyar's kernels for the barrier protocol's
+ordering (DESIGN.md, rule 6).
+
+AMD (gfx9: gfx90a, gfx94x, gfx950), disassembled with llvm-objdump:
+  release  every ``buffer_wbl2`` (the L2 write-back of a system-scope
+           release) reaches the next global store or atomic only through an
+           ``s_waitcnt`` with ``vmcnt(0)``: the write-back has completed before
+           the flag store (the wait LLVM before PR 178316 can drop); and the
+           block barrier before it (the nearest ``s_barrier``) is preceded by
+           an ``s_waitcnt vmcnt(0)`` with no vector memory access between:
+           every wave's own accesses are complete before the releasing wave
+           writes the L2 back;
+  acquire  every system-coherent load (gfx94x: ``sc0 sc1``; gfx90a: ``glc``
+           without ``slc``) -- the flag loads of the spin loops and the error
+           word, all acquires in pyar_device.h -- is followed by an
+           ``s_waitcnt vmcnt(0)`` and then the cache invalidate (gfx94x:
+           ``buffer_inv sc0 sc1``; gfx90a: ``buffer_wbinvl1_vol``) before any
+           later vector load or branch.
+NVIDIA (sm_XX SASS, disassembled with cuobjdump):
+  release  every global ``.STRONG.SYS`` store (``st.release.sys.global``) has
+           a ``MEMBAR.*.SYS`` before it with no global memory access between;
+  acquire  every global ``.STRONG.SYS`` load (``ld.acquire.sys.global``) is
+           followed by ``CCTL.IVALL`` before any later load or branch.
+(The host-visible error words are generic-address volatile accesses on
+NVIDIA -- ``ST.E``/``LD.E`` -- and not part of the NVIDIA check.)
+
+Run as a script on a folder of code objects, it prints the table
+arch x kernel x sites x verdict of every .hsaco and .fatbin there.
+"""
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import setup_kernels  # noqa: E402
+
+
+class Instruction:
+    __slots__ = ("address", "mnemonic", "operands")
+
+    def __init__(self, address, mnemonic, operands):
+        self.address, self.mnemonic, self.operands = address, mnemonic, operands
+
+    def __repr__(self):
+        return f"{self.address:#x}: {self.mnemonic} {self.operands}".rstrip()
+
+
+# ---------------------------------------------------------------------------
+# Tools
+
+
+def find_llvm_objdump():
+    """llvm-objdump of LLVM 19 or newer (knows gfx942), or None."""
+    rocm = os.path.join(os.environ.get("ROCM_PATH", "/opt/rocm"), "llvm", "bin", "llvm-objdump")
+    for candidate in (shutil.which("llvm-objdump-19"), shutil.which("llvm-objdump-20"),
+                      rocm if os.access(rocm, os.X_OK) else None):
+        if candidate:
+            return candidate
+    return None
+
+
+def find_cuobjdump():
+    """cuobjdump (with nvdisasm beside it): the CUDA toolkit's, or that of
+    NVIDIA's PyPI packages nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm."""
+    candidates = [shutil.which("cuobjdump"),
+                  os.path.join(os.path.dirname(setup_kernels.find_nvcc() or "/nonexistent"),
+                               "cuobjdump")]
+    spec = importlib.util.find_spec("nvidia")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidates += sorted(glob.glob(os.path.join(folder, "*", "bin", "cuobjdump")))
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK) and os.access(
+                os.path.join(os.path.dirname(candidate), "nvdisasm"), os.X_OK):
+            return candidate
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Disassembly
+
+
+def disassemble_amd(objdump, code_object, arch):
+    """{kernel: [Instruction]} of one arch's code object (ELF bytes)."""
+    with tempfile.NamedTemporaryFile(suffix=".co") as f:
+        f.write(code_object)
+        f.flush()
+        text = subprocess.run([objdump, "-d", f"--mcpu={arch}", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    return parse_amd(text)
+
+
+def parse_listing(text, header, instruction):
+    """{function: [Instruction]} of a disassembler's listing: ``header``
+    matches a function's first line (group 1: its name), ``instruction`` an
+    instruction (named groups address, mnemonic, operands)."""
+    kernels, current = {}, None
+    for line in text.splitlines():
+        found = re.match(header, line)
+        if found:
+            current = kernels.setdefault(found.group(1), [])
+            continue
+        found = re.match(instruction, line)
+        if found and current is not None:
+            current.append(Instruction(int(found.group("address"), 16), found.group("mnemonic"),
+                                       found.group("operands").strip()))
+    return kernels
+
+
+def parse_amd(text):
+    return parse_listing(text, r"^[0-9a-f]+ <([^>]+)>:$",
+                         r"^\s+(?P<mnemonic>[a-z_][a-z0-9_.]*)\s*(?P<operands>.*?)\s*//\s*"
+                         r"(?P<address>[0-9A-F]+):")
+
+
+def disassemble_cuda(cuobjdump, fatbin_path, arch):
+    """{kernel: [Instruction]} of one sm_XX's SASS in a fatbin."""
+    text = subprocess.run([cuobjdump, "-sass", "-arch", arch, fatbin_path], capture_output=True,
+                          text=True, check=True).stdout
+    return parse_sass(text)
+
+
+def parse_sass(text):
+    return parse_listing(text, r"^\s+Function : (\S+)",
+                         r"^\s+/\*(?P<address>[0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?"
+                         r"(?P<mnemonic>[A-Z][A-Z0-9_.]*)\s*(?P<operands>[^;]*);")
+
+
+# ---------------------------------------------------------------------------
+# The AMD checks
+
+
+def _tokens(instruction):
+    return set(re.split(r"[\s,]+", instruction.operands))
+
+
+def is_vector_memory(instruction):
+    return instruction.mnemonic.startswith(("global_", "flat_", "buffer_")) and any(
+        kind in instruction.mnemonic for kind in ("_load", "_store", "_atomic"))
+
+
+def _ends_block(instruction):
+    return instruction.mnemonic.startswith(("s_branch", "s_cbranch", "s_setpc", "s_swappc",
+                                            "s_endpgm"))
+
+
+def _waits_for_memory(instruction):
+    return instruction.mnemonic == "s_waitcnt" and "vmcnt(0)" in instruction.operands
+
+
+def _system_coherent_load(instruction, arch):
+    if not (is_vector_memory(instruction) and "_load" in instruction.mnemonic):
+        return False
+    bits = _tokens(instruction)
+    if arch.startswith("gfx94") or arch.startswith("gfx95"):
+        return {"sc0", "sc1"} <= bits
+    return "glc" in bits and "slc" not in bits
+
+
+def _invalidates(instruction, arch):
+    if arch.startswith("gfx94") or arch.startswith("gfx95"):
+        return instruction.mnemonic == "buffer_inv" and {"sc0", "sc1"} <= _tokens(instruction)
+    return instruction.mnemonic == "buffer_wbinvl1_vol"
+
+
+def amd_release_problems(code):
+    """(releases, [why]) for every buffer_wbl2 whose write-back is not waited
+    for before the next store, atomic or branch, or whose block barrier
+    (the s_barrier before it) is not preceded by the waves' own wait."""
+    problems, releases = [], 0
+    for i, instruction in enumerate(code):
+        if instruction.mnemonic != "buffer_wbl2":
+            continue
+        releases += 1
+        barrier = next((j for j in range(i - 1, -1, -1) if code[j].mnemonic == "s_barrier"), None)
+        if barrier is None:
+            problems.append(f"{instruction!r}: no s_barrier before it")
+        else:
+            for earlier in reversed(code[:barrier]):
+                if _waits_for_memory(earlier):
+                    break
+                if is_vector_memory(earlier) or _ends_block(earlier):
+                    problems.append(f"{code[barrier]!r} before {instruction!r}: {earlier!r} "
+                                    "reaches it without s_waitcnt vmcnt(0)")
+                    break
+        for later in code[i + 1:]:
+            if _waits_for_memory(later):
+                break
+            if (is_vector_memory(later) and "_load" not in later.mnemonic) or _ends_block(later):
+                problems.append(f"{instruction!r} reaches {later!r} without s_waitcnt vmcnt(0)")
+                break
+    return releases, problems
+
+
+def amd_acquire_problems(code, arch):
+    """[why] for every system-coherent load not followed by the wait and the
+    invalidate before the next vector load or branch."""
+    problems, acquires = [], 0
+    for i, instruction in enumerate(code):
+        if not _system_coherent_load(instruction, arch):
+            continue
+        acquires += 1
+        waited = False
+        for later in code[i + 1:]:
+            if waited and _invalidates(later, arch):
+                break
+            if _waits_for_memory(later):
+                waited = True
+            elif (is_vector_memory(later) and "_load" in later.mnemonic) or _ends_block(later):
+                missing = "invalidate" if waited else "s_waitcnt vmcnt(0)"
+                problems.append(f"{instruction!r} reaches {later!r} without the {missing}")
+                break
+        else:
+            problems.append(f"{instruction!r}: no acquire sequence before the end")
+    return acquires, problems
+
+
+def check_amd_kernel(code, arch):
+    releases, release_problems = amd_release_problems(code)
+    acquires, acquire_problems = amd_acquire_problems(code, arch)
+    return releases, acquires, release_problems + acquire_problems
+
+
+# ---------------------------------------------------------------------------
+# The NVIDIA checks
+
+
+def _global_sys(instruction, kind):
+    return instruction.mnemonic.startswith(kind + "G.") and ".STRONG.SYS" in instruction.mnemonic
+
+
+def check_cuda_kernel(code, arch=None):
+    problems, releases, acquires = [], 0, 0
+    for i, instruction in enumerate(code):
+        if _global_sys(instruction, "ST"):
+            releases += 1
+            for earlier in reversed(code[:i]):
+                if earlier.mnemonic.startswith("MEMBAR") and earlier.mnemonic.endswith(".SYS"):
+                    break
+                if earlier.mnemonic.startswith(("LDG", "STG", "LD.", "ST.", "ATOM", "RED")) or \
+                        earlier.mnemonic.startswith(("BRA", "EXIT", "BSYNC", "RET")):
+                    problems.append(f"{instruction!r}: {earlier!r} before it, no MEMBAR.SYS")
+                    break
+            else:
+                problems.append(f"{instruction!r}: no MEMBAR.SYS before it")
+        elif _global_sys(instruction, "LD"):
+            acquires += 1
+            for later in code[i + 1:]:
+                if later.mnemonic == "CCTL.IVALL":
+                    break
+                if later.mnemonic.startswith(("LDG", "LD.", "ATOM", "BRA", "EXIT", "BSYNC",
+                                              "RET")):
+                    problems.append(f"{instruction!r} reaches {later!r} without CCTL.IVALL")
+                    break
+            else:
+                problems.append(f"{instruction!r}: no CCTL.IVALL before the end")
+    return releases, acquires, problems
+
+
+# ---------------------------------------------------------------------------
+# Whole code objects
+
+
+def code_objects(path):
+    """{arch: ELF bytes} of a .hsaco bundle."""
+    with open(path, "rb") as f:
+        entries = setup_kernels.read_bundle(f.read())
+    return {triple.split("--", 1)[1].split(":")[0]: payload for triple, payload in entries.items()
+            if triple.startswith(("hip-amdgcn", "hipv4-amdgcn"))}
+
+
+def remembered(check):
+    """``check(path, tool)``, its rows kept in the kernel cache under the hash
+    of the code object, this file and the tool: reading the SASS of the fused
+    kernels takes cuobjdump most of a minute, and unchanged inputs give the
+    same rows."""
+    def cached_check(path, tool):
+        digest = hashlib.sha256(check.__name__.encode())
+        for name in (path, os.path.abspath(__file__)):
+            with open(name, "rb") as f:
+                digest.update(f.read())
+        digest.update(f"{os.path.realpath(tool)} {os.path.getsize(tool)}".encode())
+        entry = os.path.join(setup_kernels.cache_folder(), "checks", digest.hexdigest() + ".json")
+        if os.path.isfile(entry):
+            with open(entry) as f:
+                return [tuple(row) for row in json.load(f)]
+        rows = check(path, tool)
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        with open(entry + ".tmp", "w") as f:
+            json.dump(rows, f)
+        os.replace(entry + ".tmp", entry)
+        return rows
+    return cached_check
+
+
+@remembered
+def check_hsaco(path, objdump):
+    """[(arch, kernel, releases, acquires, problems)] of a .hsaco."""
+    rows = []
+    for arch, code_object in sorted(code_objects(path).items()):
+        for kernel, code in sorted(disassemble_amd(objdump, code_object, arch).items()):
+            rows.append((arch, kernel, *check_amd_kernel(code, arch)))
+    return rows
+
+
+def fatbin_sass_archs(cuobjdump, path):
+    listing = subprocess.run([cuobjdump, "-lelf", path], capture_output=True, text=True,
+                             check=True).stdout
+    return sorted(set(re.findall(r"\.(sm_\d+)\.cubin", listing)))
+
+
+@remembered
+def check_fatbin(path, cuobjdump):
+    rows = []
+    for arch in fatbin_sass_archs(cuobjdump, path):
+        for kernel, code in sorted(disassemble_cuda(cuobjdump, path, arch).items()):
+            rows.append((arch, kernel, *check_cuda_kernel(code)))
+    return rows
+
+
+def table(rows):
+    """The markdown table arch x kernel x release/acquire sites x verdict."""
+    lines = ["| arch | kernel | release sites | acquire sites | verdict |",
+             "| --- | --- | --- | --- | --- |"]
+    for arch, kernel, releases, acquires, problems in rows:
+        verdict = "ok" if not problems else f"FAIL ({len(problems)}): {problems[0]}"
+        lines.append(f"| {arch} | {kernel} | {releases} | {acquires} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(folder):
+    objdump, cuobjdump = find_llvm_objdump(), find_cuobjdump()
+    failed = False
+    for path in sorted(glob.glob(os.path.join(folder, "*.hsaco"))
+                       + glob.glob(os.path.join(folder, "*.fatbin"))):
+        tool = objdump if path.endswith(".hsaco") else cuobjdump
+        if tool is None:
+            print(f"\n{os.path.basename(path)}: no disassembler (llvm-objdump-19 / cuobjdump)")
+            continue
+        rows = (check_hsaco if path.endswith(".hsaco") else check_fatbin)(path, tool)
+        print(f"\n## {os.path.basename(path)}\n\n{table(rows)}")
+        failed |= any(problems for *_, problems in rows)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "pyar/_kernels"))

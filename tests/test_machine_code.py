@@ -1,0 +1,222 @@
+"""Rule 6 of DESIGN.md, in the machine code of every shipped kernel (tier a).
+
+The package build of src/kernels (through the kernel cache: the same bytes
+the install shipped) is disassembled for every arch, kernel by kernel, and
+every barrier's system-scope release and acquire is checked (the rules are in
+tests/machine_code.py).  The check is shown to fail on code that lacks the
+release wait: the same sources built with PYAR_TEST_NO_RELEASE_WAIT (the
+release store as it was before the explicit wait; clang-19 drops the wait
+there), and on the shipped code with the waits or invalidates taken out.
+Run with -s to see the tables; `python3 tests/machine_code.py pyar/_kernels`
+prints them for the installed code objects.  The rows of a code object are
+kept in the kernel cache under the hash of its bytes, the checker and the
+disassembler (reading the fused kernels' SASS takes most of a minute).
+"""
+import pytest
+
+import setup_kernels
+from tests import kernel_builds
+from tests import machine_code as mc
+
+OBJDUMP = mc.find_llvm_objdump()
+CUOBJDUMP = mc.find_cuobjdump()
+needs_objdump = pytest.mark.skipif(OBJDUMP is None, reason="no llvm-objdump of LLVM >= 19 "
+                                   "(apt-get install llvm-19): AMD machine code not read here")
+needs_cuobjdump = pytest.mark.skipif(CUOBJDUMP is None, reason="no cuobjdump with nvdisasm (pip "
+                                     "install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm): SASS "
+                                     "not read here")
+# Every collective kernel opens with a start barrier and closes with an exit barrier.
+COLLECTIVES = ("pyar_allreduce_one_shot", "pyar_allreduce_two_shot", "pyar_allreduce_rmsnorm")
+HIP_ARCHS = ("gfx90a", "gfx942")  # what CI's clang-19 builds
+
+
+def is_collective(kernel):
+    return kernel.startswith(COLLECTIVES)
+
+
+def print_table(title, rows):
+    print(f"\n{title}\n{mc.table(rows)}")
+
+
+def sole_compiler_is_clang19():
+    clang = setup_kernels.find_hip_clang()
+    return (setup_kernels.find_rocm_hipcc() is None and clang is not None
+            and clang.endswith("clang++-19") and setup_kernels.find_device_libs() is not None)
+
+
+def shipped(tmp_path_factory, archs, suffix, missing):
+    """{name: path} of the package build's code objects ending in ``suffix``."""
+    made = kernel_builds.build(tmp_path_factory.mktemp(suffix), archs)
+    found = {name: path for name, path in made.items() if name.endswith("." + suffix)}
+    if not found:
+        pytest.skip(missing)
+    return found
+
+
+def failures(rows_by_name):
+    """Every problem found, and every collective kernel in which the check
+    found no release or no acquire (it would be looking in the wrong place)."""
+    found, collectives = [], 0
+    for name, rows in rows_by_name.items():
+        print_table(f"## {name}", rows)
+        for arch, kernel, releases, acquires, problems in rows:
+            if problems:
+                found.append(f"{name} {arch} {kernel}: {problems[0]}")
+            if is_collective(kernel):
+                collectives += 1
+                if not (releases and acquires):
+                    found.append(f"{name} {arch} {kernel}: {releases} releases, {acquires} "
+                                 "acquires: the barriers are not where the check looks")
+    assert collectives > 0
+    return found
+
+
+@pytest.fixture(scope="module")
+def amd_bundles(tmp_path_factory):
+    return shipped(tmp_path_factory, setup_kernels.DEFAULT_HIP_ARCHS, "hsaco",
+                   "no AMD compiler here: no code objects to read")
+
+
+@pytest.fixture(scope="module")
+def amd_rows(amd_bundles):
+    return {name: mc.check_hsaco(path, OBJDUMP) for name, path in sorted(amd_bundles.items())}
+
+
+@needs_objdump
+def test_ci_ships_gfx90a_and_gfx942(amd_rows):
+    if not sole_compiler_is_clang19() and setup_kernels.find_rocm_hipcc() is None:
+        pytest.skip("neither ROCm nor clang++-19 with rocm-device-libs: gfx942 not buildable")
+    for name, rows in amd_rows.items():
+        assert {arch for arch, *_ in rows} >= set(HIP_ARCHS), name
+
+
+@needs_objdump
+def test_every_amd_barrier_waits_and_invalidates(amd_rows):
+    assert failures(amd_rows) == []
+
+
+@pytest.fixture(scope="module")
+def amd_without_release_wait(tmp_path_factory):
+    made = kernel_builds.build(tmp_path_factory.mktemp("no-release-wait"), HIP_ARCHS,
+                               defines=("PYAR_TEST_NO_RELEASE_WAIT",), names=["allreduce.cu"])
+    if "allreduce.hsaco" not in made:
+        pytest.skip("no AMD compiler here: no negative fixture")
+    return mc.check_hsaco(made["allreduce.hsaco"], OBJDUMP)
+
+
+@needs_objdump
+def test_check_catches_the_dropped_release_wait(amd_without_release_wait):
+    rows = amd_without_release_wait
+    print_table("## allreduce.hsaco built with PYAR_TEST_NO_RELEASE_WAIT", rows)
+    caught = [(arch, kernel) for arch, kernel, _, _, problems in rows
+              if any("without s_waitcnt vmcnt(0)" in p for p in problems)]
+    if not caught and not sole_compiler_is_clang19():
+        pytest.skip("this compiler keeps the wait even without the workaround: the negative "
+                    "fixture has nothing to show (the mutation tests still do)")
+    # clang-19 drops the wait after every system-scope release, on every arch.
+    for arch, kernel, releases, _, problems in rows:
+        assert releases > 0 and len(problems) == releases, (arch, kernel, problems)
+    assert {arch for arch, _ in caught} == set(HIP_ARCHS)
+
+
+@needs_objdump
+@pytest.mark.parametrize("arch", HIP_ARCHS)
+def test_check_catches_mutated_machine_code(amd_bundles, arch):
+    """The shipped code of a two-shot kernel (three barriers) passes; without
+    the waits after its write-backs, or without its invalidates, it fails at
+    every site."""
+    code_objects = mc.code_objects(amd_bundles["allreduce.hsaco"])
+    if arch not in code_objects:
+        pytest.skip(f"no compiler here builds {arch}")
+    code = mc.disassemble_amd(OBJDUMP, code_objects[arch], arch)["pyar_allreduce_two_shot_f32_w4"]
+    releases, acquires, problems = mc.check_amd_kernel(code, arch)
+    # per barrier: one release; the first flag load, the spinning one, the error word
+    assert (releases, acquires, problems) == (3, 9, [])
+
+    # pyar's wait and the compiler's (when it emits one) both go
+    no_wait, waiting = [], False
+    for instruction in code:
+        if instruction.mnemonic == "buffer_wbl2":
+            waiting = True
+        elif mc.is_vector_memory(instruction):
+            waiting = False
+        if not (waiting and instruction.mnemonic == "s_waitcnt"):
+            no_wait.append(instruction)
+    _, _, problems = mc.check_amd_kernel(no_wait, arch)
+    assert len(problems) == releases and all("without s_waitcnt" in p for p in problems)
+
+    # the waves' own waits before the block barrier go
+    no_block_wait = [ins for i, ins in enumerate(code)
+                     if not (ins.mnemonic == "s_waitcnt" and "vmcnt(0)" in ins.operands
+                             and any(later.mnemonic == "s_barrier" for later in code[i + 1:i + 4]))]
+    _, _, problems = mc.check_amd_kernel(no_block_wait, arch)
+    assert problems and all("reaches it without s_waitcnt vmcnt(0)" in p for p in problems)
+
+    invalidate = "buffer_inv" if arch == "gfx942" else "buffer_wbinvl1_vol"
+    no_invalidate = [ins for ins in code if ins.mnemonic != invalidate]
+    _, _, problems = mc.check_amd_kernel(no_invalidate, arch)
+    assert len(problems) == acquires and all("without the invalidate" in p for p in problems)
+
+
+AMD_SNIPPET = [
+    "0000000000001000 <k>:",
+    "\tglobal_store_dword v1, v2, s[4:5]       // 000000000FF0: DC708000 00000201",
+    "\ts_waitcnt vmcnt(0)                      // 000000000FF8: BF8C0F70",
+    "\ts_barrier                               // 000000000FFC: BF8A0000",
+    "\tbuffer_wbl2 sc0 sc1                     // 000000001000: E0A0C000 00000000",
+    "\ts_waitcnt vmcnt(0) lgkmcnt(0)           // 000000001008: BF8C0070",
+    "\tglobal_store_dword v1, v2, s[0:1] sc0 sc1 // 00000000100C: DC718000 00000201",
+    "\tglobal_load_dword v3, v1, s[0:1] sc0 sc1  // 000000001014: DC518000 037F0001",
+    "\ts_waitcnt vmcnt(0)                      // 00000000101C: BF8C0F70",
+    "\tbuffer_inv sc0 sc1                      // 000000001020: E0A4C000 00000000",
+    "\tglobal_load_dwordx4 v[4:7], v1, s[2:3] nt // 000000001028: DC5C8000 047F0001",
+    "\ts_endpgm                                // 000000001030: BF810000",
+]
+
+
+@pytest.mark.parametrize("removed, found", [
+    (None, None),
+    (2, "0xffc: s_barrier before 0x1000: buffer_wbl2 sc0 sc1: 0xff0: global_store_dword v1, v2, "
+        "s[4:5] reaches it without s_waitcnt vmcnt(0)"),
+    (5, "0x1000: buffer_wbl2 sc0 sc1 reaches 0x100c: global_store_dword v1, v2, s[0:1] sc0 sc1 "
+        "without s_waitcnt vmcnt(0)"),
+    (8, "0x1014: global_load_dword v3, v1, s[0:1] sc0 sc1 reaches 0x1028: global_load_dwordx4 "
+        "v[4:7], v1, s[2:3] nt without the s_waitcnt vmcnt(0)"),
+    (9, "0x1014: global_load_dword v3, v1, s[0:1] sc0 sc1 reaches 0x1028: global_load_dwordx4 "
+        "v[4:7], v1, s[2:3] nt without the invalidate"),
+])
+def test_amd_rules_on_a_snippet(removed, found):
+    code = mc.parse_amd("\n".join(line for i, line in enumerate(AMD_SNIPPET) if i != removed))
+    releases, acquires, problems = mc.check_amd_kernel(code["k"], "gfx942")
+    assert (releases, acquires) == (1, 1)
+    assert problems == ([] if found is None else [found])
+
+
+# ---------------------------------------------------------------------------
+# NVIDIA
+
+
+@pytest.fixture(scope="module")
+def cuda_fatbins(tmp_path_factory):
+    return shipped(tmp_path_factory, setup_kernels.DEFAULT_CUDA_ARCHS, "fatbin",
+                   "nvcc not found: no fatbins to read")
+
+
+@needs_cuobjdump
+def test_every_cuda_barrier_fences_and_invalidates(cuda_fatbins):
+    rows = {name: mc.check_fatbin(path, CUOBJDUMP) for name, path in sorted(cuda_fatbins.items())}
+    for name, checked in rows.items():
+        assert {arch for arch, *_ in checked} == set(setup_kernels.DEFAULT_CUDA_ARCHS), name
+    assert failures(rows) == []
+
+
+@needs_cuobjdump
+def test_cuda_check_catches_mutated_sass(cuda_fatbins):
+    code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce.fatbin"],
+                               "sm_90")["pyar_allreduce_two_shot_f32_w4"]
+    releases, acquires, problems = mc.check_cuda_kernel(code)
+    assert releases == 3 and acquires >= 6 and problems == []  # flag loads: before, in the spin
+    _, _, problems = mc.check_cuda_kernel([i for i in code if not i.mnemonic.startswith("MEMBAR")])
+    assert len(problems) == releases and all("no MEMBAR.SYS" in p for p in problems)
+    _, _, problems = mc.check_cuda_kernel([i for i in code if i.mnemonic != "CCTL.IVALL"])
+    assert len(problems) == acquires and all("without CCTL.IVALL" in p for p in problems)
