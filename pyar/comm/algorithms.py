@@ -42,9 +42,24 @@ def validate(algo):
 FUSED_ONESTAGE_MAX_BYTES = dict(ONESHOT_MAX_BYTES)
 
 
+# world size -> largest input at which a fused kernel still beats the same
+# steps unfused (pyar's all-reduce, then the single-GPU add + RMSNorm (+
+# quantization) kernel); above it ``"auto"`` runs them unfused, so that
+# allreduce_rmsnorm is never slower than the steps it fuses.  None: no
+# crossover measured, the fused kernels run at every size.  Filled from the
+# fused_us / unfused_us columns of ``python -m pyar.bench --fused`` (graph
+# mode, every quantization kind): the largest size below which fused wins at
+# every measured point.
+UNFUSED = "unfused"
+FUSED_MAX_BYTES = {world: None for world in range(2, 9)}
+
+
 def choose_fused(nbytes, world):
-    """The allreduce_rmsnorm variant ``"auto"`` selects for an input of ``nbytes``."""
-    return _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
+    """The allreduce_rmsnorm variant ``"auto"`` selects for an input of
+    ``nbytes``: one of FUSED_VARIANTS, or UNFUSED past the fused crossover."""
+    variant = _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
+    limit = FUSED_MAX_BYTES[world]
+    return UNFUSED if limit is not None and nbytes > limit else variant
 
 
 def validate_fused(algo):

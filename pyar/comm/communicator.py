@@ -196,15 +196,25 @@ class Communicator:
                 for algo in algorithms.ALGORITHMS for dtype in _KERNEL_TYPES]
 
     def _fused_block_caps(self, sharing):
-        return {(variant, dtype): self._block_cap(sharing, [self._fused_function(variant, dtype)])
-                for variant in algorithms.FUSED_VARIANTS for dtype in _KERNEL_TYPES}
+        """Per (variant, dtype): the block cap over every row kernel of it
+        (quantization kinds, packs per thread), in blocks of the all-reduce's
+        threads; rmsnorm.row_launch scales it to a call's block size."""
+        caps = {}
+        for variant in algorithms.FUSED_VARIANTS:
+            for dtype in _KERNEL_TYPES:
+                per_thread = self._row_kernels.layout.packs_per_thread_choices(dtype.itemsize)
+                caps[(variant, dtype)] = self._block_cap(sharing, [
+                    self._fused_function(variant, dtype, code, p)
+                    for code in rmsnorm.KERNEL_KINDS for p in per_thread])
+        return caps
 
-    def _fused_function(self, variant, dtype):
-        key = ("rmsnorm", variant, dtype)
+    def _fused_function(self, variant, dtype, quant_code, packs_per_thread):
+        key = ("rmsnorm", variant, dtype, quant_code & 0xF, packs_per_thread)
         function = self._functions.get(key)
         if function is None:
+            geometry = rmsnorm.RowLaunch(packs_per_thread, 0, 0)
             name = (f"pyar_allreduce_rmsnorm_{variant.replace('stage', '_stage')}_"
-                    f"{_KERNEL_TYPES[dtype]}_w{self.world}")
+                    f"{rmsnorm.kernel_suffix(dtype, quant_code, geometry)}_w{self.world}")
             function = self._row_kernels.function(name, rmsnorm.FUSED_TYPES)
             self._functions[key] = function
         return function
@@ -498,21 +508,37 @@ class Communicator:
         return call, algo, registered
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
-        function = self._fused_function(algo, call.x.dtype)
-        row_bytes = call.hidden * call.x.dtype.itemsize
+        if algo == algorithms.UNFUSED:
+            self._rmsnorm_unfused(call, stream)
+            return
+        dtype = call.x.dtype
+        row_bytes = call.hidden * dtype.itemsize
         chunk = self.max_size // row_bytes
         for first in range(0, call.tokens, chunk):
             count = min(chunk, call.tokens - first)
             offset = first * row_bytes
             table, in_offset = self._chunk_input(call.x, offset, count * row_bytes, registered,
                                                  stream)
-            blocks = min(self._max_fused_blocks[(algo, call.x.dtype)],
-                         self._row_kernels.passes(count, call.hidden, call.x.dtype))
+            geometry = self._row_kernels.launch(
+                count, call.hidden, dtype, self._max_fused_blocks[(algo, dtype)],
+                self._layout.max_blocks, self._layout.threads)
+            function = self._fused_function(algo, dtype, call.quant_code,
+                                            geometry.packs_per_thread)
             number = self._next_call("allreduce_rmsnorm",
-                                     f"({algo}, {count} x {call.hidden} {call.x.dtype})")
-            function.launch(blocks, self._layout.threads,
+                                     f"({algo}, {count} x {call.hidden} {dtype})")
+            function.launch(geometry.blocks, geometry.threads,
                             (table, in_offset, count, *call.row_args(first, count),
                              self._state.ptr, self._timeout_ns, number), stream=stream)
+
+    def _rmsnorm_unfused(self, call, stream):
+        """The same outputs from the separate steps: the all-reduce (into
+        ``out``, or a new array when only quantized output is wanted), then
+        add + RMSNorm (+ quantization) on this GPU, in place over the sum
+        (a row's sums are loaded before its y is stored)."""
+        s = call.out if call.out is not None else empty(call.x.shape, call.x.dtype,
+                                                        stream=stream)
+        self.allreduce(call.x, out=s, stream=stream)
+        self._row_kernels.add_rmsnorm(call, stream, self._local_blocks(), s=s)
 
     # --- teardown ---------------------------------------------------------------
 
