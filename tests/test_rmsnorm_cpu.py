@@ -1036,3 +1036,20 @@ def test_zero_tokens_is_accepted(dev):
     q, s = _quant_outputs(dev, "mxfp4", 0, 2880)
     call = _call(dev, tokens=0, hidden=2880, quant="mxfp4", quantized=q, scales=s)
     assert call.tokens == 0 and call.quantized.shape == (0, 1440)
+
+
+# --- the benchmark's byte counts ---------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fused_traffic_counts_each_variants_bytes(world):
+    from pyar.bench import traffic
+    n, out = 32 << 20, 32 << 20  # 4096 rows of 4096 bf16 per rank, y as output
+    rows = world * (2 * n + out)  # residual read, residual_out and y written
+    assert traffic.fused_shared_gpu_bytes("onestage", n, out, world) == world * n + rows
+    # Two-stage: every rank's gather buffer receives the whole reduced rows
+    # and is read back.
+    assert traffic.fused_shared_gpu_bytes("twostage", n, out, world) == 3 * world * n + rows
+    # Unfused: the all-reduce's bytes, then the sum read again by add + RMSNorm.
+    allreduce = traffic.shared_gpu_bytes(algorithms.choose(n, world), n, world, False)
+    assert traffic.fused_shared_gpu_bytes("unfused", n, out, world) == \
+        allreduce + world * n + rows

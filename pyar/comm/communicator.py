@@ -519,16 +519,20 @@ class Communicator:
             offset = first * row_bytes
             table, in_offset = self._chunk_input(call.x, offset, count * row_bytes, registered,
                                                  stream)
-            geometry = self._row_kernels.launch(
-                count, call.hidden, dtype, self._max_fused_blocks[(algo, dtype)],
-                self._layout.max_blocks, self._layout.threads)
-            function = self._fused_function(algo, dtype, call.quant_code,
-                                            geometry.packs_per_thread)
+            function, geometry = self._fused_launch(algo, dtype, count, call.hidden,
+                                                    call.quant_code)
             number = self._next_call("allreduce_rmsnorm",
                                      f"({algo}, {count} x {call.hidden} {dtype})")
             function.launch(geometry.blocks, geometry.threads,
                             (table, in_offset, count, *call.row_args(first, count),
                              self._state.ptr, self._timeout_ns, number), stream=stream)
+
+    def _fused_launch(self, algo, dtype, tokens, hidden, quant_code):
+        """The fused kernel and its rmsnorm.RowLaunch for ``tokens`` rows."""
+        geometry = self._row_kernels.launch(tokens, hidden, dtype,
+                                            self._max_fused_blocks[(algo, dtype)],
+                                            self._layout.max_blocks, self._layout.threads)
+        return self._fused_function(algo, dtype, quant_code, geometry.packs_per_thread), geometry
 
     def _rmsnorm_unfused(self, call, stream):
         """The same outputs from the separate steps: the all-reduce (into

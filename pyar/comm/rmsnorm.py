@@ -46,6 +46,11 @@ scales        float32 (tokens, 1) or (tokens, hidden // group_size), or E8M0 cod
 """
 
 
+def quant_code(kind):
+    """The QuantKind code of a ``quant=`` kind (None: no quantization)."""
+    return _KIND_CODE[kind]
+
+
 class RowLayout:
     """Sizes read from a loaded allreduce_rmsnorm Module (pyar_rmsnorm_layout)."""
 
