@@ -143,15 +143,17 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
 
 
 def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
-    """The fused kernel ``auto`` runs: its name, launch geometry and how many
-    of its blocks fit on a multiprocessor (None when it runs unfused)."""
+    """The fused kernel ``auto`` runs: its name, launch geometry, registers and
+    local (spill) bytes a thread, and how many of its blocks fit on a
+    multiprocessor (kernel None when it runs unfused)."""
     if variant not in algorithms.FUSED_VARIANTS:
         return {"kernel": None}
     function, geometry = comm._fused_launch(variant, dtype, tokens, hidden,
                                             rmsnorm.quant_code(kind))
     return {"kernel": function.name, "threads": geometry.threads, "blocks": geometry.blocks,
             "packs_per_thread": geometry.packs_per_thread,
-            "blocks_per_sm": function.max_active_blocks_per_multiprocessor(geometry.threads)}
+            "blocks_per_sm": function.max_active_blocks_per_multiprocessor(geometry.threads),
+            **function.resources}
 
 
 COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant", 8),

@@ -40,7 +40,8 @@
   X(hipDeviceAttribute_t)                                                      \
   X(hipPointer_attribute)                                                      \
   X(hipStreamCaptureMode)                                                      \
-  X(hipStreamCaptureStatus)
+  X(hipStreamCaptureStatus)                                                     \
+  X(hipFunction_attribute)
 
 #define PYAR_TYPE_NAME(type) #type,
 #define PYAR_TYPE_SIZE(type) sizeof(type),
@@ -105,6 +106,8 @@ PYAR_CHECK_CONSTANT(hipStreamCaptureStatusNone)
 PYAR_CHECK_CONSTANT(hipStreamCaptureStatusActive)
 PYAR_CHECK_CONSTANT(hipStreamCaptureStatusInvalidated)
 PYAR_CHECK_CONSTANT(HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+PYAR_CHECK_CONSTANT(HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+PYAR_CHECK_CONSTANT(HIP_FUNC_ATTRIBUTE_NUM_REGS)
 
 /* hip_abi.h: device attributes */
 PYAR_CHECK_CONSTANT(hipDeviceAttributeMultiprocessorCount)

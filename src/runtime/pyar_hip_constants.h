@@ -31,4 +31,8 @@
 
 #define PYAR_HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 
+/* A kernel's resources (the CUDA driver API's CU_FUNC_ATTRIBUTE_* too). */
+#define PYAR_HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES 3
+#define PYAR_HIP_FUNC_ATTRIBUTE_NUM_REGS 4
+
 #endif

@@ -25,5 +25,6 @@ typedef int hipDeviceAttribute_t;
 typedef int hipPointer_attribute;
 typedef int hipStreamCaptureMode;
 typedef int hipStreamCaptureStatus;
+typedef int hipFunction_attribute;
 
 #endif
