@@ -648,7 +648,7 @@ def test_choose_fused_rejects_worlds_outside_2_to_8(world):
         algorithms.choose_fused(4096, world)
 
 
-@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage"])
+@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage", "unfused"])
 def test_validate_fused_accepts(algo):
     assert algorithms.validate_fused(algo) == algo
 
@@ -706,20 +706,35 @@ def test_unfused_runs_the_allreduce_then_the_local_row_kernel(dev, monkeypatch, 
     call = _call(dev, tokens=tokens, hidden=hidden, quant="mxfp4", quantized=q, scales=s,
                  out="new" if with_out else None)
     reduced = []
-    temporary = dev((tokens, hidden), BF16)
-    monkeypatch.setattr(communicator, "empty", lambda shape, dtype, stream=None: temporary)
+    allocated = []
+
+    def empty(shape, dtype, stream=None):
+        allocated.append(dev(shape, dtype))
+        return allocated[-1]
+
+    monkeypatch.setattr(communicator, "empty", empty)
 
     def allreduce(x, out=None, algo="auto", stream=None):
         reduced.append((x, out, stream))
         return out
 
     comm.allreduce = allreduce
+    comm._unfused_sums = None
+    comm.device = 0
     comm._launch_rmsnorm(call, algorithms.UNFUSED, None, stream="S")
-    sums = call.out if with_out else temporary
-    assert reduced == [(call.x, sums, "S")]
+    (x, sums, stream), = reduced
+    assert (x, stream) == (call.x, "S")
+    if with_out:
+        assert sums is call.out and allocated == []
+    else:  # the communicator's sum array, kept for the queued kernels and reused
+        (kept,), = [allocated]
+        assert kept.nbytes == call.x.nbytes and comm._unfused_sums is kept
+        assert (sums.ptr, sums.shape, sums.dtype) == (kept.ptr, call.x.shape, call.x.dtype)
+        comm._launch_rmsnorm(call, algorithms.UNFUSED, None, stream="S")
+        assert len(allocated) == 1 and reduced[1][1].ptr == kept.ptr
     module = comm._row_kernels.module
     assert [name for name, _ in module.requests] == ["pyar_add_rmsnorm_bf16_mxfp4_p1"]
-    (grid, block, args, stream), = module.functions["pyar_add_rmsnorm_bf16_mxfp4_p1"].launches
+    grid, block, args, stream = module.functions["pyar_add_rmsnorm_bf16_mxfp4_p1"].launches[0]
     assert (grid, block, stream) == (tokens, 512, "S")
     assert args == (sums.ptr, tokens, *call.row_args(0, tokens))
 

@@ -10,6 +10,7 @@ at 8) and are retuned from ``python -m pyar.bench`` output.
 
 ALGORITHMS = ("oneshot", "twoshot")
 FUSED_VARIANTS = ("onestage", "twostage")
+UNFUSED = "unfused"  # allreduce_rmsnorm's steps as separate kernels
 
 # world size -> largest message in bytes that still goes one-shot.
 ONESHOT_MAX_BYTES = {
@@ -50,7 +51,6 @@ FUSED_ONESTAGE_MAX_BYTES = dict(ONESHOT_MAX_BYTES)
 # fused_us / unfused_us columns of ``python -m pyar.bench --fused`` (graph
 # mode, every quantization kind): the largest size below which fused wins at
 # every measured point.
-UNFUSED = "unfused"
 FUSED_MAX_BYTES = {world: None for world in range(2, 9)}
 
 
@@ -63,7 +63,7 @@ def choose_fused(nbytes, world):
 
 
 def validate_fused(algo):
-    return _known(algo, FUSED_VARIANTS)
+    return _known(algo, FUSED_VARIANTS + (UNFUSED,))
 
 
 def _by_size(nbytes, world, small_max_bytes, names):

@@ -73,6 +73,7 @@ class Communicator:
         self._functions = {}
         self._kernel_dir = kernels
         self._row_kernels = None
+        self._unfused_sums = None  # the unfused path's sum array when there is no out
         try:
             if self.world > MAX_WORLD:
                 raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one "
@@ -453,8 +454,11 @@ class Communicator:
         definitions are those of ``pyar.quant``, which also dequantizes.  With
         ``quant`` the normed output is written only when ``out`` is given.
 
-        ``algo``: "auto", "onestage" (every rank reads all peers' rows) or
-        "twostage" (reduce-scatter, then every rank gathers the sums and norms).
+        ``algo``: "auto", "onestage" (every rank reads all peers' rows),
+        "twostage" (reduce-scatter pushing the sums to every rank, then every
+        rank norms) or "unfused" (the all-reduce, then add + RMSNorm (+
+        quantization) as a separate kernel; what "auto" runs past the fused
+        crossover).
         Eager, on registered inputs and under graph capture like
         ``allreduce``.  Returns FusedOutputs(out, residual_out, quantized,
         scales).
@@ -536,11 +540,17 @@ class Communicator:
 
     def _rmsnorm_unfused(self, call, stream):
         """The same outputs from the separate steps: the all-reduce (into
-        ``out``, or a new array when only quantized output is wanted), then
-        add + RMSNorm (+ quantization) on this GPU, in place over the sum
-        (a row's sums are loaded before its y is stored)."""
-        s = call.out if call.out is not None else empty(call.x.shape, call.x.dtype,
-                                                        stream=stream)
+        ``out``, or the communicator's sum array when only quantized output
+        is wanted), then add + RMSNorm (+ quantization) on this GPU, in place
+        over the sum (a row's sums are loaded before its y is stored)."""
+        s = call.out
+        if s is None:
+            # Kept, not freed after the call: its kernels are still queued.
+            # Calls are ordered on one stream, so the next call may reuse it.
+            if self._unfused_sums is None or self._unfused_sums.nbytes < call.x.nbytes:
+                self._unfused_sums = empty((call.x.nbytes,), np.uint8, stream=stream)
+            s = DeviceArray.from_pointer(self._unfused_sums.ptr, call.x.shape, call.x.dtype,
+                                         owner=self._unfused_sums, device=self.device)
         self.allreduce(call.x, out=s, stream=stream)
         self._row_kernels.add_rmsnorm(call, stream, self._local_blocks(), s=s)
 
