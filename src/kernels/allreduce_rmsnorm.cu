@@ -10,14 +10,14 @@
 // The row code.  A block holds one row at a time: thread t owns packs
 // t, t + B, .., t + (P-1)B of every row (B = blockDim.x, chosen by the host
 // as packs / P rounded up to a multiple of 64; P packs per thread is a
-// template parameter, like the quantization kind), so a thread's columns,
-// its weight packs and the per-column addresses are fixed for the whole
-// kernel and kept in registers.  Rows are grid-strided: block b holds rows
-// b, b + G, b + 2G, ...  While a row is normed, the next row's packs (and
-// its residual) are already loaded, so a block keeps two rows' loads in
-// flight; a row costs one block-wide synchronization for its sum of squares
-// (and one more for a per-token FP8 amax).  Threads past the row's end load a
-// clamped copy of its last pack and contribute nothing.
+// template parameter, like the quantization kind), so a thread's columns
+// and weight packs are fixed for the whole kernel and kept in registers.
+// Rows are grid-strided: block b holds rows b, b + G, b + 2G, ...  While a
+// row is normed, the next row's packs (and its residual) are already loaded
+// (one pack per thread; wider rows have their P packs in flight instead); a
+// row costs one block-wide synchronization for its sum of squares (and one
+// more for a per-token FP8 amax).  Threads past the row's end load a clamped
+// copy of its last pack and contribute nothing.
 //
 // one_stage   every rank reads every peer's rows and computes all of them
 //             (latency: one read of the inputs, one kernel).  Peers read this
@@ -169,13 +169,13 @@ struct ScaleGroups {
   }
 };
 
-// Quantizes one row, y (rounded to T) in v, into a.q and a.scales.
+// Quantizes one row, y (rounded to T) in v, into a.q and a.scales (Q is
+// kFp8 or kMxfp4).
 template <typename T, int P, int Q>
 PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Columns<P> &c,
                               uint64_t row, const RowArgs &a, const ScaleGroups &groups,
                               BlockReduce &reduce) {
   constexpr int L = Lanes<T>::kCount;
-  if constexpr (Q == kNoQuant) return;
   float amax[P];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
@@ -278,7 +278,7 @@ PYAR_DEVICE void finish_row(float (&v)[P][Lanes<T>::kCount], const Pack16 (&res)
     const Pack16 y = round_pack<T>(v[p]);  // quantize what the caller would see
     if (a.y && c.holds(p)) a.y[c.at(row, p)] = y;
   }
-  quantize_row<T, P, Q>(v, c, row, a, ctx.groups, reduce);
+  if constexpr (Q != kNoQuant) quantize_row<T, P, Q>(v, c, row, a, ctx.groups, reduce);
 }
 
 // Packs of one row from a single array (the gathered sums, or x on one GPU);
@@ -303,12 +303,31 @@ struct ArrayRows {
   }
 };
 
+// Every rank's base pointer (an input, or a gather buffer) in shared memory,
+// read again at each use: kept in registers through the row loops, W 64-bit
+// pointers (two tables in two-stage) push the larger worlds past 64
+// registers; a broadcast shared load per use is cheaper than the spills.
+template <int W>
+struct RankTable {
+  Pack16 *volatile *entry;
+  PYAR_DEVICE Pack16 *operator[](int r) const { return entry[r]; }
+  // Threads < W fill it; the caller's next __syncthreads publishes it.
+  // kTable tells a kernel's tables apart (each instantiation has its own
+  // shared array).  An input table is only ever loaded from.
+  template <int kTable>
+  PYAR_DEVICE static RankTable fill(const Pack16 *const *bases, uint64_t offset) {
+    __shared__ Pack16 *table[kMaxRanks];
+    if (threadIdx.x < W) table[threadIdx.x] = const_cast<Pack16 *>(bases[threadIdx.x]) + offset;
+    return RankTable{table};
+  }
+};
+
 // The sum of one pack over every rank, in rank order in fp32 and rounded to
 // T: the bits of reduce_pack.  The loads go out in groups of up to four
 // ranks (64 bytes in flight per thread), which holds the registers of the
 // larger worlds within two 512-thread blocks per multiprocessor.
 template <typename T, int W>
-PYAR_DEVICE Pack16 sum_ranks(const Pack16 *const (&src)[W], uint64_t i) {
+PYAR_DEVICE Pack16 sum_ranks(const RankTable<W> &src, uint64_t i) {
   constexpr int L = Lanes<T>::kCount;
   constexpr int kGroup = W < 4 ? W : 4;
   float acc[L];
@@ -337,7 +356,7 @@ PYAR_DEVICE Pack16 sum_ranks(const Pack16 *const (&src)[W], uint64_t i) {
 template <typename T, int P, int W>
 struct PeerRows {
   static constexpr bool kRawAhead = W * P <= 4;
-  const Pack16 *src[W];
+  RankTable<W> src;
   struct Raw {
     Pack16 pack[P][kRawAhead ? W : 1];
   };
@@ -382,12 +401,15 @@ PYAR_DEVICE uint64_t first_row(uint64_t tokens) {
   return blockIdx.x < tokens ? blockIdx.x : 0;
 }
 
-// The block's rows b, b + G, ..: residual add, RMSNorm, quantization.  The
-// next row's packs and residual are loaded before the current row is normed;
-// the last row loads itself again instead (straight-line, no row branch).
+// The block's rows b, b + G, ..: residual add, RMSNorm, quantization.  With
+// one pack per thread the next row's packs and residual are loaded before
+// the current row is normed (the last row loads itself again instead:
+// straight-line, no row branch); with more, the row's own P packs a source
+// are in flight already and a second row's would not fit 64 registers.
 template <typename T, int P, int Q, typename Rows>
 PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
                            const RowContext<T, P> &ctx, ResidualRow<T, P> res) {
+  constexpr bool kAhead = P == 1;
   if (blockIdx.x >= tokens) return;
   BlockReduce reduce;
   uint64_t row = blockIdx.x;
@@ -395,17 +417,25 @@ PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
   for (;;) {
     const uint64_t next = row + gridDim.x;
     const bool more = next < tokens;
-    const uint64_t ahead = more ? next : row;
-    const typename Rows::Raw raw_ahead = rows.load(ctx.cols, ahead);
+    typename Rows::Raw raw_ahead;
     ResidualRow<T, P> res_ahead;
-    res_ahead.load(ctx.cols, a.residual, ahead);
+    if constexpr (kAhead) {
+      const uint64_t ahead = more ? next : row;
+      raw_ahead = rows.load(ctx.cols, ahead);
+      res_ahead.load(ctx.cols, a.residual, ahead);
+    }
     float v[P][Lanes<T>::kCount];
     rows.sum(raw, v);
     finish_row<T, P, Q>(v, res.pack, ctx, row, a, reduce);
     if (!more) break;
     row = next;
-    raw = raw_ahead;
-    res = res_ahead;
+    if constexpr (kAhead) {
+      raw = raw_ahead;
+      res = res_ahead;
+    } else {
+      raw = rows.load(ctx.cols, row);
+      res.load(ctx.cols, a.residual, row);
+    }
   }
 }
 
@@ -425,11 +455,9 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, uint64_t to
   const RowContext<T, P> ctx(a);
   ResidualRow<T, P> res;
   res.load(ctx.cols, a.residual, first_row(tokens));
+  const PeerRows<T, P, W> rows{RankTable<W>::template fill<0>(in->ptr, in_offset)};
   const uint32_t epoch = BlockEpoch::begin(s);
   if (barrier<W>(s, kStart, epoch, info)) {
-    PeerRows<T, P, W> rows;
-#pragma unroll
-    for (int r = 0; r < W; ++r) rows.src[r] = in->ptr[r] + in_offset;
     norm_rows<T, P, Q>(rows, tokens, a, ctx, res);
     exit_barrier<W>(s, epoch, info);
   }
@@ -442,17 +470,14 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, uint64_t to
 // the slice in rows j = q / slice, j + R, j + 2R, .. of the block's rows
 // (R = B * P / slice rows at once); both divisions happen once per item.
 template <typename T, int P, int W>
-PYAR_DEVICE void reduce_scatter_rows(const Pack16 *const (&src)[W], uint64_t tokens,
-                                     uint32_t packs, const CommState &s) {
+PYAR_DEVICE void reduce_scatter_rows(const RankTable<W> &src, const RankTable<W> &gather,
+                                     uint64_t tokens, uint32_t packs, const CommState &s) {
   if (blockIdx.x >= tokens) return;
   const uint32_t slice = (packs + W - 1) / W;
   const uint32_t mine = s.rank * slice;
   const uint32_t items = blockDim.x * uint32_t(P);
   const uint32_t at_once = items / slice;  // >= 1: B * P >= packs >= slice
   const uint64_t my_rows = (tokens - 1 - blockIdx.x) / gridDim.x + 1;
-  Pack16 *gather[W];
-#pragma unroll
-  for (int r = 0; r < W; ++r) gather[r] = s.partial[r];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const uint32_t q = threadIdx.x + uint32_t(p) * blockDim.x;
@@ -472,12 +497,11 @@ template <typename T, int P, int Q, int W>
 PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t tokens,
                            const RowArgs &a, const CommState *state, const CallInfo &info) {
   const CommState &s = *state;
+  const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
+  const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
   if (barrier<W>(s, kStart, epoch, info)) {
-    const Pack16 *src[W];
-#pragma unroll
-    for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
-    reduce_scatter_rows<T, P, W>(src, tokens, a.hidden >> kLaneShift<T>, s);
+    reduce_scatter_rows<T, P, W>(src, gather, tokens, a.hidden >> kLaneShift<T>, s);
     // Ordering.  Block b of every rank stores the sums of block b's rows
     // (rows b, b + G, ..: the rows norm_rows gives block b) and nothing
     // else, so after the per-block `mid` barrier, block b reads exactly what
