@@ -624,7 +624,8 @@ SIZES = [0, 1, 16, 4096, 65536, 128 * 1024, 128 * 1024 + 16, 256 * 1024, 256 * 1
 
 
 @pytest.mark.parametrize("world", range(2, 9))
-def test_choose_fused_has_one_crossover_at_the_table(world):
+def test_choose_fused_has_one_crossover_at_the_table(world, monkeypatch):
+    monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, world, None)  # fused at every size
     picks = [algorithms.choose_fused(n, world) for n in SIZES]
     assert set(picks) <= set(algorithms.FUSED_VARIANTS)
     assert picks[0] == "onestage" and picks[-1] == "twostage", picks
@@ -672,6 +673,16 @@ def test_choose_fused_goes_unfused_past_the_fused_crossover(world, monkeypatch):
     small = algorithms.FUSED_ONESTAGE_MAX_BYTES[world]
     assert algorithms.choose_fused(small, world) == "onestage"
     assert algorithms.choose_fused(small + 16, world) == "twostage"
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_choose_fused_with_the_shipped_tables_orders_the_three_paths(world):
+    """onestage, then twostage, then unfused as the input grows (a variant
+    may have no sizes of its own when the next crossover comes first)."""
+    order = ("onestage", "twostage", algorithms.UNFUSED)
+    picks = [order.index(algorithms.choose_fused(n, world)) for n in SIZES]
+    assert picks == sorted(picks), picks
+    assert picks[0] == 0 and picks[-1] == 2, picks
 
 
 def test_fused_crossover_table_covers_worlds_2_to_8():
