@@ -63,7 +63,9 @@ ROW_FIELDS = ("residual", "weight", "residual_out", "y", "q", "scales", "hidden"
 
 # What RowLayout would read from a loaded module (checked against the source below).
 LAYOUT = rmsnorm.RowLayout.__new__(rmsnorm.RowLayout)
-LAYOUT.__dict__.update(max_hidden=16384, threads=512, mx_block=32, fnuz_flag=0x10)
+LAYOUT.__dict__.update(max_hidden=16384, max_row_threads=1024, mx_block=32, fnuz_flag=0x10)
+# The all-reduce kernels' layout fields the fused launch reads.
+KERNEL_THREADS, KERNEL_MAX_BLOCKS = 512, 256
 
 
 # --- parsing the kernel source ---------------------------------------------------
@@ -123,39 +125,61 @@ def _with_row_params(source, text):
     return text.replace("PYAR_ROW_PARAMS", _macro_body(source, "PYAR_ROW_PARAMS"))
 
 
-def _dtype_names(source):
-    """The top-level ``PYAR_FUSED_TYPES(name, T)`` instantiations: {name: T}."""
-    found = dict(re.findall(r"^PYAR_FUSED_TYPES\((\w+), ([\w:]+)\)", source, re.M))
-    assert found, "no PYAR_FUSED_TYPES instantiation found"
+def _instantiations(source):
+    """The top-level ``PYAR_ROW_KINDS(name, T, P)`` lines: [(name, T, P)]."""
+    found = [(n, t, int(p)) for n, t, p in
+             re.findall(r"^PYAR_ROW_KINDS\((\w+), ([\w:]+), (\d+)\)", source, re.M)]
+    assert found, "no PYAR_ROW_KINDS instantiation found"
     return found
+
+
+def _dtype_names(source):
+    """{dtype name: C type} of the instantiations."""
+    return {name: t for name, t, _ in _instantiations(source)}
+
+
+def _kinds(source):
+    """{quant kind name: QuantKind enumerator} that PYAR_ROW_KINDS instantiates."""
+    args, body = _macro(source, "PYAR_ROW_KINDS")
+    assert args == ["name", "T", "P"], args
+    return dict(re.findall(r"PYAR_ROW_KERNELS\(name, T, (\w+), pyar::(\w+), P\)", body))
+
+
+_BOUNDS = r"void __launch_bounds__\(pyar::kMaxRowThreads\) "
 
 
 def _fused_entries(source):
     """(every fused entry name the macros define, its [(C type, name)])."""
     args, body = _macro(source, "PYAR_FUSED_ENTRY")
-    assert args == ["algo", "name", "T", "W"], args
-    m = re.search(r"void __launch_bounds__\(pyar::kThreads\) ([\w#]+)\((.*?)\) \{", body)
+    assert args == ["algo", "name", "T", "kind", "Q", "P", "W"], args
+    m = re.search(_BOUNDS + r"([\w#]+)\((.*?)\) \{", body)
     assert m, body
     template, params = m.group(1), _parameters(_with_row_params(source, m.group(2)))
     _, worlds_body = _macro(source, "PYAR_FUSED_WORLDS")
-    worlds = re.findall(r"PYAR_FUSED_ENTRY\(algo, name, T, (\d+)\)", worlds_body)
-    _, types_body = _macro(source, "PYAR_FUSED_TYPES")
-    algos = re.findall(r"PYAR_FUSED_WORLDS\((\w+), name, T\)", types_body)
-    names = {_paste(template, algo=a, name=t, W=w)
-             for a in algos for t in _dtype_names(source) for w in worlds}
+    worlds = re.findall(r"PYAR_FUSED_ENTRY\(algo, name, T, kind, Q, P, (\d+)\)", worlds_body)
+    _, kernels_body = _macro(source, "PYAR_ROW_KERNELS")
+    algos = re.findall(r"PYAR_FUSED_WORLDS\((\w+), name, T, kind, Q, P\)", kernels_body)
+    names = {_paste(template, algo=a, name=t, kind=k, P=str(p), W=w)
+             for a in algos for t, _, p in _instantiations(source) for k in _kinds(source)
+             for w in worlds}
     return names, params
 
 
 def _local_entries(source):
     """{kernel name: [(C type, name)]} of the single-GPU kernels."""
-    args, body = _macro(source, "PYAR_LOCAL_ENTRIES")
-    assert args == ["name", "T"], args
-    found = re.findall(r"void __launch_bounds__\(pyar::kThreads\) ([\w#]+)\((.*?)\) \{", body)
-    assert len(found) == 2, found
     entries = {}
-    for template, params in found:
-        for t in _dtype_names(source):
-            entries[_paste(template, name=t)] = _parameters(_with_row_params(source, params))
+    for macro, kinds in (("PYAR_LOCAL_ENTRIES", _kinds(source)), ("PYAR_QUANTIZE_ENTRY",
+                                                                  ("fp8", "mxfp4"))):
+        args, body = _macro(source, macro)
+        assert args == ["name", "T", "kind", "Q", "P"], args
+        (template, params), = re.findall(_BOUNDS + r"([\w#]+)\((.*?)\) \{", body)
+        for t, _, p in _instantiations(source):
+            for kind in kinds:
+                entries[_paste(template, name=t, kind=kind, P=str(p))] = _parameters(
+                    _with_row_params(source, params))
+    _, kinds_body = _macro(source, "PYAR_ROW_KINDS")
+    assert re.findall(r"PYAR_QUANTIZE_ENTRY\(name, T, (\w+), pyar::\w+, P\)", kinds_body) == [
+        "fp8", "mxfp4"]
     return entries
 
 
@@ -292,7 +316,8 @@ def test_fused_entry_parameters_are_the_fused_types(source):
 
 def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
     names, params = _fused_entries(source)
-    assert len(names) == 2 * 3 * 7, sorted(names)
+    # 2 variants x 3 kinds x (p1, p2, p4 float32; p1, p2 16-bit) x 7 worlds
+    assert len(names) == 2 * 3 * 7 * 7, sorted(names)
     kinds = tuple(_kind(ctype) for ctype, _ in params)
     asked = set()
     for world in range(2, 9):
@@ -302,10 +327,14 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
         comm._row_kernels = _row_kernels()
         for variant in algorithms.FUSED_VARIANTS:
             for dtype in communicator._KERNEL_TYPES:
-                first = comm._fused_function(variant, dtype)
-                assert comm._fused_function(variant, dtype) is first  # cached
+                for per_thread in LAYOUT.packs_per_thread_choices(dtype.itemsize):
+                    for code in rmsnorm.KERNEL_KINDS:
+                        first = comm._fused_function(variant, dtype, code, per_thread)
+                        # cached; the FNUZ flag selects no other kernel
+                        assert comm._fused_function(variant, dtype, code | LAYOUT.fnuz_flag,
+                                                    per_thread) is first
         requests = comm._row_kernels.module.requests
-        assert len(requests) == 6, requests  # each asked for once
+        assert len(requests) == 2 * 3 * 7, requests  # each asked for once
         for name, argtypes in requests:
             assert name in names, name
             assert name.endswith(f"_w{world}"), name
@@ -314,24 +343,56 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
     assert asked == names
 
 
-@pytest.mark.parametrize("hidden, dtype, rows", [
-    (512, BF16, 4), (2880, BF16, 4), (4096, BF16, 4), (4104, BF16, 2), (7168, F16, 2),
-    (10240, BF16, 1), (16384, BF16, 1), (2048, F32, 8), (2880, F32, 4), (4096, F32, 4),
-    (7168, F32, 2), (16384, F32, 1)])
-def test_rows_per_pass_is_the_kernels(source, hidden, dtype, rows):
-    """RowPass: slots = max_hidden / lanes / threads, a row takes
-    ceil(packs / threads) of them, a pass holds as many rows as fit."""
-    constants = _constants(source)
-    assert "rows(Row<T>::kPacks / per_row)" in source
-    assert "per_row((packs + kThreads - 1) / kThreads)" in source
-    assert LAYOUT.max_hidden == constants["kMaxHidden"]
-    assert LAYOUT.rows_per_pass(hidden, dtype.itemsize) == rows
+def test_packs_per_thread_choices_are_the_instantiated_ones(source):
+    instantiated = {}
+    for name, _, per_thread in _instantiations(source):
+        instantiated.setdefault(name, []).append(per_thread)
+    for dtype, name in rmsnorm.DTYPES.items():
+        assert list(LAYOUT.packs_per_thread_choices(dtype.itemsize)) == instantiated[name]
+    assert _constants(source)["kMaxRowThreads"] == LAYOUT.max_row_threads
+
+
+@pytest.mark.parametrize("hidden, dtype, per_thread, threads", [
+    (512, BF16, 1, 64), (2880, BF16, 1, 384), (4096, BF16, 1, 512), (4104, BF16, 1, 576),
+    (7168, F16, 1, 896), (8192, BF16, 1, 1024), (8200, BF16, 2, 576), (10240, BF16, 2, 640),
+    (16384, BF16, 2, 1024), (2048, F32, 1, 512), (4096, F32, 1, 1024), (7168, F32, 2, 896),
+    (16384, F32, 4, 1024), (8, BF16, 1, 64)])
+def test_row_launch_gives_each_thread_fixed_packs(hidden, dtype, per_thread, threads):
+    """The fewest packs per thread within max_row_threads; threads cover every
+    pack of a row, in whole 64-lane warps."""
+    got = rmsnorm.row_launch(10**6, hidden, dtype.itemsize, LAYOUT.max_row_threads, 40, 256)
+    assert (got.packs_per_thread, got.threads) == (per_thread, threads)
+    packs = hidden * dtype.itemsize // 16
+    assert got.threads * got.packs_per_thread >= packs
+    assert got.threads % rmsnorm.ROW_THREAD_QUANTUM == 0
+    assert (got.threads - rmsnorm.ROW_THREAD_QUANTUM) * got.packs_per_thread < packs
+
+
+@pytest.mark.parametrize("threads_of_row, cap, blocks", [
+    (4096, 40, 40),     # 512 threads: the cap as given
+    (8192, 40, 20),     # 1024 threads: one a multiprocessor where two of 512 fit
+    (7168, 40, 20),     # 896 threads: still one
+    (2880, 40, 40),     # 384 threads: two, as for 512
+    (1024, 40, 160),    # 128 threads: eight for every two of 512
+    (512, 40, 256),     # 64 threads: 16 per two, then the flag slots' limit
+    (8192, 1, 1)])      # never none
+def test_row_launch_scales_the_block_cap_to_the_block_size(threads_of_row, cap, blocks):
+    got = rmsnorm.row_launch(10**6, threads_of_row, 2, LAYOUT.max_row_threads, cap, 256)
+    assert got.blocks == blocks
+
+
+def test_row_launch_takes_one_block_per_row_at_most():
+    assert rmsnorm.row_launch(3, 4096, 2, 1024, 40, 256).blocks == 3
+    assert rmsnorm.row_launch(1, 4096, 2, 1024, 40, 256).blocks == 1
 
 
 def test_local_kernels_take_what_row_kernels_pass(source, dev):
     entries = _local_entries(source)
-    assert sorted(entries) == sorted(f"pyar_{kernel}_{t}" for kernel in ("add_rmsnorm", "quantize")
-                                     for t in ("f32", "f16", "bf16"))
+    assert sorted(entries) == sorted(
+        [f"pyar_add_rmsnorm_{t}_{k}_p{p}" for t, _, p in _instantiations(source)
+         for k in ("plain", "fp8", "mxfp4")] +
+        [f"pyar_quantize_{t}_{k}_p{p}" for t, _, p in _instantiations(source)
+         for k in ("fp8", "mxfp4")])
     for dtype in rmsnorm.DTYPES:
         kernels = _row_kernels()
         tokens, hidden = 5, 256
@@ -343,19 +404,19 @@ def test_local_kernels_take_what_row_kernels_pass(source, dev):
         assert len(kernels.module.requests) == 2
         for name, argtypes in kernels.module.requests:
             assert name in entries, name
-            assert name.endswith("_" + rmsnorm.DTYPES[dtype]), name
             assert argtypes == tuple(_kind(c) for c, _ in entries[name]), name
-        add = kernels.module.functions[f"pyar_add_rmsnorm_{rmsnorm.DTYPES[dtype]}"]
-        # 256-wide rows fill one slot of a thread: a pass holds 8 (float32) or 4 rows.
-        passes = 1 if dtype == F32 else 2
+        suffix = f"{rmsnorm.DTYPES[dtype]}_fp8_p1"
+        add = kernels.module.functions[f"pyar_add_rmsnorm_{suffix}"]
+        # 256-wide rows: 32 or 64 packs, one 64-thread block a row; a cap of
+        # 3 blocks of 512 threads is 24 such blocks, more than the 5 rows.
         (grid, block, args, _), = add.launches
-        assert (grid, block) == (min(3, passes), LAYOUT.threads)
+        assert (grid, block) == (tokens, 64)
         by_name = dict(zip((n for _, n in entries[add.name]), args))
         assert by_name["x"] == call.x.ptr and by_name["tokens"] == tokens
         assert tuple(by_name[f] for f in ROW_FIELDS) == call.row_args(0, tokens)
-        quantize = kernels.module.functions[f"pyar_quantize_{rmsnorm.DTYPES[dtype]}"]
+        quantize = kernels.module.functions[f"pyar_quantize_{suffix}"]
         (grid, block, args, _), = quantize.launches
-        assert (grid, block) == (passes, LAYOUT.threads)
+        assert (grid, block) == (tokens, 64)
         assert dict(zip((n for _, n in entries[quantize.name]), args)) == {
             "y": call.out.ptr, "tokens": tokens, "hidden": hidden, "q": q.ptr,
             "scales": s.ptr, "quant": call.quant_code, "group": 64}
@@ -413,7 +474,7 @@ def test_row_args_struct_params_and_initializer_agree(source):
     init = re.search(r"pyar::RowArgs \{(.*?)\}", _macro_body(source, "PYAR_ROW_ARGS"))
     assert tuple(e.strip() for e in init.group(1).split(",")) == ROW_FIELDS
     # The quantize kernel fills the fields it has by position.
-    _, body = _macro(source, "PYAR_LOCAL_ENTRIES")
+    _, body = _macro(source, "PYAR_QUANTIZE_ENTRY")
     init = re.search(r"pyar::RowArgs\{(.*?)\}", body)
     assert dict(zip(ROW_FIELDS, (e.strip() for e in init.group(1).split(",")))) == {
         "residual": "nullptr", "weight": "nullptr", "residual_out": "nullptr",
@@ -453,8 +514,11 @@ def test_quant_codes_are_the_kernels(source):
     assert codes == {"kNoQuant": 0, "kFp8": 1, "kMxfp4": 2}
     assert rmsnorm._KIND_CODE == {None: codes["kNoQuant"], "fp8_per_token": codes["kFp8"],
                                   "fp8_per_group": codes["kFp8"], "mxfp4": codes["kMxfp4"]}
-    # The kernels take the kind from the low nibble; the FNUZ flag lies above it.
-    assert "a.quant & 0xf" in source and "a.quant & kFnuzFlag" in source
+    # The kernel name's kind is the one instantiated with that code; the
+    # FNUZ flag lies above the kind and reaches the kernel in `quant`.
+    assert {codes[enumerator]: kind for kind, enumerator in _kinds(source).items()} == \
+        rmsnorm.KERNEL_KINDS
+    assert "a.quant & kFnuzFlag" in source
     assert _constants(source)["kFnuzFlag"] & 0xF == 0
     assert max(codes.values()) <= 0xF
 
@@ -465,7 +529,7 @@ def _comm(world, max_size=1 << 20):
     comm.world, comm.rank, comm.device, comm.max_size = world, 0, 0, max_size
     comm._functions, comm._calls, comm._call_log = {}, 0, {}
     comm._row_kernels = _row_kernels()
-    comm._layout = types.SimpleNamespace(threads=LAYOUT.threads)
+    comm._layout = types.SimpleNamespace(threads=KERNEL_THREADS, max_blocks=KERNEL_MAX_BLOCKS)
     comm._max_fused_blocks = {(variant, dtype): 40 for variant in algorithms.FUSED_VARIANTS
                               for dtype in communicator._KERNEL_TYPES}
     comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
@@ -492,13 +556,14 @@ def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeyp
     call = _call(dev, tokens=tokens, hidden=hidden, quant="fp8_per_token", quantized=q,
                  scales=s, out=None)
     comm._launch_rmsnorm(call, "twostage", registered, stream=None)
-    function = comm._row_kernels.module.functions["pyar_allreduce_rmsnorm_two_stage_bf16_w4"]
+    function = comm._row_kernels.module.functions[
+        "pyar_allreduce_rmsnorm_two_stage_bf16_fp8_p1_w4"]
     assert len(function.launches) == 3
     firsts = [0, 4, 8]
     for number, (first, (grid, block, args, _)) in enumerate(zip(firsts, function.launches)):
         count = min(4, tokens - first)
         got = dict(zip(names, args))
-        assert (grid, block) == (1, LAYOUT.threads)  # 4 rows of 1024 fill one pass
+        assert (grid, block) == (count, 128)  # a block of 128 threads for each row of 1024
         assert got["tokens"] == count
         assert tuple(got[f] for f in ROW_FIELDS) == call.row_args(first, count)
         assert got["y"] == 0  # quantized output only: no out
@@ -559,7 +624,8 @@ SIZES = [0, 1, 16, 4096, 65536, 128 * 1024, 128 * 1024 + 16, 256 * 1024, 256 * 1
 
 
 @pytest.mark.parametrize("world", range(2, 9))
-def test_choose_fused_has_one_crossover_at_the_table(world):
+def test_choose_fused_has_one_crossover_at_the_table(world, monkeypatch):
+    monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, world, None)  # fused at every size
     picks = [algorithms.choose_fused(n, world) for n in SIZES]
     assert set(picks) <= set(algorithms.FUSED_VARIANTS)
     assert picks[0] == "onestage" and picks[-1] == "twostage", picks
@@ -583,7 +649,7 @@ def test_choose_fused_rejects_worlds_outside_2_to_8(world):
         algorithms.choose_fused(4096, world)
 
 
-@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage"])
+@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage", "unfused"])
 def test_validate_fused_accepts(algo):
     assert algorithms.validate_fused(algo) == algo
 
@@ -594,6 +660,94 @@ def test_validate_fused_rejects_naming_the_algo(algo):
         algorithms.validate_fused(algo)
     assert "algo must be 'auto' or one of" in str(error.value)
     assert str(error.value).endswith(f"got {algo!r}")
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_choose_fused_goes_unfused_past_the_fused_crossover(world, monkeypatch):
+    limit = 3 << 20
+    monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, world, limit)
+    assert algorithms.choose_fused(limit, world) in algorithms.FUSED_VARIANTS
+    assert algorithms.choose_fused(limit + 16, world) == algorithms.UNFUSED
+    assert algorithms.choose_fused(1 << 30, world) == algorithms.UNFUSED
+    # Below the crossover the one-stage/two-stage choice is unchanged.
+    small = algorithms.FUSED_ONESTAGE_MAX_BYTES[world]
+    assert algorithms.choose_fused(small, world) == "onestage"
+    assert algorithms.choose_fused(small + 16, world) == "twostage"
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_choose_fused_with_the_shipped_tables_orders_the_three_paths(world):
+    """onestage, then twostage, then unfused as the input grows (a variant
+    may have no sizes of its own when the next crossover comes first)."""
+    order = ("onestage", "twostage", algorithms.UNFUSED)
+    picks = [order.index(algorithms.choose_fused(n, world)) for n in SIZES]
+    assert picks == sorted(picks), picks
+    assert picks[0] == 0 and picks[-1] == 2, picks
+
+
+def test_fused_crossover_table_covers_worlds_2_to_8():
+    assert sorted(algorithms.FUSED_MAX_BYTES) == list(range(2, 9))
+    for limit in algorithms.FUSED_MAX_BYTES.values():
+        assert limit is None or (isinstance(limit, int) and limit > 0 and limit % 16 == 0)
+    assert algorithms.UNFUSED not in algorithms.FUSED_VARIANTS
+
+
+def test_prepare_rmsnorm_picks_unfused_past_the_crossover(dev, monkeypatch):
+    comm = _comm(4)
+    monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, 4, 64 << 10)
+    hidden = 1024
+    picks = []
+    for tokens in (32, 33):  # 64 KiB, then one row more
+        call, algo, _ = comm._prepare_rmsnorm(
+            dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16),
+            1e-6, dev((tokens, hidden), BF16), None, None, None, 128, None, None, None, "auto")
+        picks.append(algo)
+    assert picks[0] in algorithms.FUSED_VARIANTS and picks[1] == algorithms.UNFUSED
+
+
+@pytest.mark.parametrize("with_out", [True, False])
+def test_unfused_runs_the_allreduce_then_the_local_row_kernel(dev, monkeypatch, with_out):
+    """Past the crossover: pyar's all-reduce into out (or a new array when
+    only quantized output is wanted), then add + RMSNorm + quantization on
+    that sum with the call's own outputs; no fused kernel."""
+    comm = _comm(4)
+    comm._local_blocks = lambda: 264
+    tokens, hidden = 6, 4096
+    q, s = _quant_outputs(dev, "mxfp4", tokens, hidden)
+    call = _call(dev, tokens=tokens, hidden=hidden, quant="mxfp4", quantized=q, scales=s,
+                 out="new" if with_out else None)
+    reduced = []
+    allocated = []
+
+    def empty(shape, dtype, stream=None):
+        allocated.append(dev(shape, dtype))
+        return allocated[-1]
+
+    monkeypatch.setattr(communicator, "empty", empty)
+
+    def allreduce(x, out=None, algo="auto", stream=None):
+        reduced.append((x, out, stream))
+        return out
+
+    comm.allreduce = allreduce
+    comm._unfused_sums = None
+    comm.device = 0
+    comm._launch_rmsnorm(call, algorithms.UNFUSED, None, stream="S")
+    (x, sums, stream), = reduced
+    assert (x, stream) == (call.x, "S")
+    if with_out:
+        assert sums is call.out and allocated == []
+    else:  # the communicator's sum array, kept for the queued kernels and reused
+        (kept,), = [allocated]
+        assert kept.nbytes == call.x.nbytes and comm._unfused_sums is kept
+        assert (sums.ptr, sums.shape, sums.dtype) == (kept.ptr, call.x.shape, call.x.dtype)
+        comm._launch_rmsnorm(call, algorithms.UNFUSED, None, stream="S")
+        assert len(allocated) == 1 and reduced[1][1].ptr == kept.ptr
+    module = comm._row_kernels.module
+    assert [name for name, _ in module.requests] == ["pyar_add_rmsnorm_bf16_mxfp4_p1"]
+    grid, block, args, stream = module.functions["pyar_add_rmsnorm_bf16_mxfp4_p1"].launches[0]
+    assert (grid, block, stream) == (tokens, 512, "S")
+    assert args == (sums.ptr, tokens, *call.row_args(0, tokens))
 
 
 # --- 3. argument checks: RowCall and Quantization ------------------------------------
@@ -908,3 +1062,20 @@ def test_zero_tokens_is_accepted(dev):
     q, s = _quant_outputs(dev, "mxfp4", 0, 2880)
     call = _call(dev, tokens=0, hidden=2880, quant="mxfp4", quantized=q, scales=s)
     assert call.tokens == 0 and call.quantized.shape == (0, 1440)
+
+
+# --- the benchmark's byte counts ---------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fused_traffic_counts_each_variants_bytes(world):
+    from pyar.bench import traffic
+    n, out = 32 << 20, 32 << 20  # 4096 rows of 4096 bf16 per rank, y as output
+    rows = world * (2 * n + out)  # residual read, residual_out and y written
+    assert traffic.fused_shared_gpu_bytes("onestage", n, out, world) == world * n + rows
+    # Two-stage: every rank's gather buffer receives the whole reduced rows
+    # and is read back.
+    assert traffic.fused_shared_gpu_bytes("twostage", n, out, world) == 3 * world * n + rows
+    # Unfused: the all-reduce's bytes, then the sum read again by add + RMSNorm.
+    allreduce = traffic.shared_gpu_bytes(algorithms.choose(n, world), n, world, False)
+    assert traffic.fused_shared_gpu_bytes("unfused", n, out, world) == \
+        allreduce + world * n + rows

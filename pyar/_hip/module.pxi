@@ -195,5 +195,20 @@ cdef class Function:
               "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor")
         return blocks
 
+    @property
+    def resources(self):
+        """{"registers": per thread, "local_bytes": per thread (spills and
+        stack)}, as the loaded kernel was compiled."""
+        cdef int registers = 0
+        cdef int local_bytes = 0
+        if self.module is None:
+            raise ValueError(f"{self.name} is not bound to a module; use Module.get_function")
+        self.module.checked_handle()
+        check(pyar_rt.hipFuncGetAttribute(&registers, PYAR_HIP_FUNC_ATTRIBUTE_NUM_REGS,
+                                          self._handle), "hipFuncGetAttribute")
+        check(pyar_rt.hipFuncGetAttribute(&local_bytes, PYAR_HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                          self._handle), "hipFuncGetAttribute")
+        return {"registers": registers, "local_bytes": local_bytes}
+
     def __repr__(self):
         return f"<pyar.Function {self.name}({', '.join(self.argtypes)})>"

@@ -42,6 +42,8 @@ cdef extern from "pyar_runtime.h" nogil:
         PYAR_hipStreamCaptureStatusInvalidated
         PYAR_HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL
         PYAR_hipMemPoolAttrReleaseThreshold
+        PYAR_HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+        PYAR_HIP_FUNC_ATTRIBUTE_NUM_REGS
 
     enum:
         PYAR_PLATFORM_NONE
@@ -111,6 +113,7 @@ cdef extern from "pyar_runtime.h" nogil:
                                             void**, void**) noexcept nogil
         hipError_t (*hipModuleOccupancyMaxActiveBlocksPerMultiprocessor)(
             int*, hipFunction_t, int, size_t) noexcept nogil
+        hipError_t (*hipFuncGetAttribute)(int*, int, hipFunction_t) noexcept nogil
         hipError_t (*hipIpcGetMemHandle)(hipIpcMemHandle_t*, void*) noexcept nogil
         hipError_t (*hipIpcOpenMemHandle)(void**, hipIpcMemHandle_t, unsigned int) noexcept nogil
         hipError_t (*hipIpcCloseMemHandle)(void*) noexcept nogil

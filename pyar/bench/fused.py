@@ -119,11 +119,12 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
         return seconds / GRAPH_CALLS
 
     out_bytes = y.nbytes + (q.nbytes + scales.nbytes if kind else 0)
+    kernel = _kernel_facts(comm, chosen, tokens, args.hidden, dtype, kind)
     results = []
     for mode, timer in (("eager", eager), ("graph", graphed)):
         row = {"tokens": tokens, "hidden": args.hidden, "dtype": str(dtype),
                "quant": kind or "none", "mode": mode, "variant": chosen,
-               "fused_us": timer(fused) * 1e6, "unfused_us": timer(unfused) * 1e6}
+               "fused_us": timer(fused) * 1e6, "unfused_us": timer(unfused) * 1e6, **kernel}
         if mode == "eager":
             for variant in algorithms.FUSED_VARIANTS:
                 row[f"{variant}_us"] = timer(lambda: fused(variant)) * 1e6
@@ -135,6 +136,20 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
         results.append(row)
     comm.synchronize(stream)
     return results
+
+
+def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
+    """The fused kernel ``auto`` runs: its name, launch geometry, registers and
+    local (spill) bytes a thread, and how many of its blocks fit on a
+    multiprocessor (kernel None when it runs unfused)."""
+    if variant not in algorithms.FUSED_VARIANTS:
+        return {"kernel": None}
+    function, geometry = comm._fused_launch(variant, dtype, tokens, hidden,
+                                            rmsnorm.quant_code(kind))
+    return {"kernel": function.name, "threads": geometry.threads, "blocks": geometry.blocks,
+            "packs_per_thread": geometry.packs_per_thread,
+            "blocks_per_sm": function.max_active_blocks_per_multiprocessor(geometry.threads),
+            **function.resources}
 
 
 COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant", 8),

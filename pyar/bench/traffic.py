@@ -8,6 +8,7 @@ partial result written and read back, and every output written.  Those bytes,
 over the call's time, against the device-to-device copy bandwidth measured in
 the same run, are the kernels' memory efficiency.
 """
+from pyar.comm import algorithms
 
 
 def shared_gpu_bytes(algo, nbytes, world, staged):
@@ -21,11 +22,18 @@ def shared_gpu_bytes(algo, nbytes, world, staged):
 
 
 def fused_shared_gpu_bytes(variant, nbytes, out_bytes, world):
-    """Bytes all ranks' fused all-reduce + RMSNorm kernels must move for one
+    """Bytes all ranks' fused all-reduce + RMSNorm calls must move for one
     call: every input read, each rank's residual read and residual_out
     written, its ``out_bytes`` of outputs (y, quantized codes, scales)
-    written, and for two-stage the reduced rows written and read back."""
-    moved = world * nbytes + world * (2 * nbytes + out_bytes)
+    written.  Two-stage adds the reduced rows each rank's gather buffer
+    receives (every rank pushes its slice into all of them) and reads back;
+    "unfused" is the all-reduce into a sum array, then add + RMSNorm (+
+    quantization) reading that sum."""
+    rows = world * (2 * nbytes + out_bytes)
+    if variant == "unfused":
+        return shared_gpu_bytes(algorithms.choose(nbytes, world), nbytes, world, False) \
+            + world * nbytes + rows
+    moved = world * nbytes + rows
     if variant == "twostage":
-        moved += 2 * nbytes
+        moved += 2 * world * nbytes
     return moved

@@ -10,6 +10,7 @@ at 8) and are retuned from ``python -m pyar.bench`` output.
 
 ALGORITHMS = ("oneshot", "twoshot")
 FUSED_VARIANTS = ("onestage", "twostage")
+UNFUSED = "unfused"  # allreduce_rmsnorm's steps as separate kernels
 
 # world size -> largest message in bytes that still goes one-shot.
 ONESHOT_MAX_BYTES = {
@@ -42,13 +43,31 @@ def validate(algo):
 FUSED_ONESTAGE_MAX_BYTES = dict(ONESHOT_MAX_BYTES)
 
 
+# world size -> largest input at which a fused kernel still beats the same
+# steps unfused (pyar's all-reduce, then the single-GPU add + RMSNorm (+
+# quantization) kernel); above it ``"auto"`` runs them unfused, so that
+# allreduce_rmsnorm is never slower than the steps it fuses.  None: no
+# crossover measured, the fused kernels run at every size.  Filled from the
+# fused_us / unfused_us columns of ``python -m pyar.bench --fused`` (graph
+# mode, every quantization kind): the largest size below which fused wins at
+# every measured point.  Measured on one H200 shared by the ranks (bf16,
+# hidden 4096, 2026-12-03): at 8 ranks fused wins at 16 and 128 tokens (1.06x,
+# 1.09x) and loses from 1024 on (0.66x); at 2 ranks it ties from 128 to 1024
+# tokens and loses with FP8 at 4096 (0.91x).  Both cross at 1 MiB (128 rows of
+# 4096 bf16); the worlds between are not measured yet and take the same.
+FUSED_MAX_BYTES = {world: 1 << 20 for world in range(2, 9)}
+
+
 def choose_fused(nbytes, world):
-    """The allreduce_rmsnorm variant ``"auto"`` selects for an input of ``nbytes``."""
-    return _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
+    """The allreduce_rmsnorm variant ``"auto"`` selects for an input of
+    ``nbytes``: one of FUSED_VARIANTS, or UNFUSED past the fused crossover."""
+    variant = _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
+    limit = FUSED_MAX_BYTES[world]
+    return UNFUSED if limit is not None and nbytes > limit else variant
 
 
 def validate_fused(algo):
-    return _known(algo, FUSED_VARIANTS)
+    return _known(algo, FUSED_VARIANTS + (UNFUSED,))
 
 
 def _by_size(nbytes, world, small_max_bytes, names):

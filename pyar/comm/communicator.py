@@ -95,6 +95,7 @@ class Communicator(_eager.EagerCalls):
         self._functions = {}
         self._kernel_dir = kernels
         self._row_kernels = None
+        self._unfused_sums = None  # the unfused path's sum array when there is no out
         try:
             if self.world > MAX_WORLD:
                 raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one "
@@ -220,15 +221,25 @@ class Communicator(_eager.EagerCalls):
                 for algo in algorithms.ALGORITHMS for dtype in _KERNEL_TYPES]
 
     def _fused_block_caps(self, sharing):
-        return {(variant, dtype): self._block_cap(sharing, [self._fused_function(variant, dtype)])
-                for variant in algorithms.FUSED_VARIANTS for dtype in _KERNEL_TYPES}
+        """Per (variant, dtype): the block cap over every row kernel of it
+        (quantization kinds, packs per thread), in blocks of the all-reduce's
+        threads; rmsnorm.row_launch scales it to a call's block size."""
+        caps = {}
+        for variant in algorithms.FUSED_VARIANTS:
+            for dtype in _KERNEL_TYPES:
+                per_thread = self._row_kernels.layout.packs_per_thread_choices(dtype.itemsize)
+                caps[(variant, dtype)] = self._block_cap(sharing, [
+                    self._fused_function(variant, dtype, code, p)
+                    for code in rmsnorm.KERNEL_KINDS for p in per_thread])
+        return caps
 
-    def _fused_function(self, variant, dtype):
-        key = ("rmsnorm", variant, dtype)
+    def _fused_function(self, variant, dtype, quant_code, packs_per_thread):
+        key = ("rmsnorm", variant, dtype, quant_code & 0xF, packs_per_thread)
         function = self._functions.get(key)
         if function is None:
+            geometry = rmsnorm.RowLaunch(packs_per_thread, 0, 0)
             name = (f"pyar_allreduce_rmsnorm_{variant.replace('stage', '_stage')}_"
-                    f"{_KERNEL_TYPES[dtype]}_w{self.world}")
+                    f"{rmsnorm.kernel_suffix(dtype, quant_code, geometry)}_w{self.world}")
             function = self._row_kernels.function(name, rmsnorm.FUSED_TYPES)
             self._functions[key] = function
         return function
@@ -519,8 +530,11 @@ class Communicator(_eager.EagerCalls):
         definitions are those of ``pyar.quant``, which also dequantizes.  With
         ``quant`` the normed output is written only when ``out`` is given.
 
-        ``algo``: "auto", "onestage" (every rank reads all peers' rows) or
-        "twostage" (reduce-scatter, then every rank gathers the sums and norms).
+        ``algo``: "auto", "onestage" (every rank reads all peers' rows),
+        "twostage" (reduce-scatter pushing the sums to every rank, then every
+        rank norms) or "unfused" (the all-reduce, then add + RMSNorm (+
+        quantization) as a separate kernel; what "auto" runs past the fused
+        crossover).
         Eager, on registered inputs and under graph capture like
         ``allreduce``.  Returns FusedOutputs(out, residual_out, quantized,
         scales).
@@ -550,6 +564,9 @@ class Communicator(_eager.EagerCalls):
             self._row_kernels.add_rmsnorm(call, stream, self._local_blocks())
             return call.outputs()
         self._check_timeout()
+        if algo == algorithms.UNFUSED:  # its all-reduce replays a plan of its own
+            self._rmsnorm_unfused(call, stream)
+            return call.outputs()
         steps = list(self._rmsnorm_steps(call, algo, registered))
         for step in steps:
             self._run_step(step, stream)
@@ -585,13 +602,16 @@ class Communicator(_eager.EagerCalls):
         return call, algo, registered
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
+        if algo == algorithms.UNFUSED:
+            self._rmsnorm_unfused(call, stream)
+            return
         for step in self._rmsnorm_steps(call, algo, registered):
             self._run_step(step, stream)
 
     def _rmsnorm_steps(self, call, algo, registered):
-        """The copies and launches of one allreduce_rmsnorm, chunk by chunk."""
-        function = self._fused_function(algo, call.x.dtype)
-        row_bytes = call.hidden * call.x.dtype.itemsize
+        """The copies and launches of one fused allreduce_rmsnorm, chunk by chunk."""
+        dtype = call.x.dtype
+        row_bytes = call.hidden * dtype.itemsize
         chunk = self.max_size // row_bytes
         for first in range(0, call.tokens, chunk):
             count = min(chunk, call.tokens - first)
@@ -600,12 +620,35 @@ class Communicator(_eager.EagerCalls):
                                                           registered)
             if staging is not None:
                 yield staging
-            blocks = min(self._max_fused_blocks[(algo, call.x.dtype)],
-                         self._row_kernels.passes(count, call.hidden, call.x.dtype))
-            yield ("kernel", function, blocks, self._layout.threads,
+            function, geometry = self._fused_launch(algo, dtype, count, call.hidden,
+                                                    call.quant_code)
+            yield ("kernel", function, geometry.blocks, geometry.threads,
                    (table, in_offset, count, *call.row_args(first, count), self._state.ptr,
                     self._timeout_ns), "allreduce_rmsnorm",
-                   f"({algo}, {count} x {call.hidden} {call.x.dtype})")
+                   f"({algo}, {count} x {call.hidden} {dtype})")
+
+    def _fused_launch(self, algo, dtype, tokens, hidden, quant_code):
+        """The fused kernel and its rmsnorm.RowLaunch for ``tokens`` rows."""
+        geometry = self._row_kernels.launch(tokens, hidden, dtype,
+                                            self._max_fused_blocks[(algo, dtype)],
+                                            self._layout.max_blocks, self._layout.threads)
+        return self._fused_function(algo, dtype, quant_code, geometry.packs_per_thread), geometry
+
+    def _rmsnorm_unfused(self, call, stream):
+        """The same outputs from the separate steps: the all-reduce (into
+        ``out``, or the communicator's sum array when only quantized output
+        is wanted), then add + RMSNorm (+ quantization) on this GPU, in place
+        over the sum (a row's sums are loaded before its y is stored)."""
+        s = call.out
+        if s is None:
+            # Kept, not freed after the call: its kernels are still queued.
+            # Calls are ordered on one stream, so the next call may reuse it.
+            if self._unfused_sums is None or self._unfused_sums.nbytes < call.x.nbytes:
+                self._unfused_sums = empty((call.x.nbytes,), np.uint8, stream=stream)
+            s = DeviceArray.from_pointer(self._unfused_sums.ptr, call.x.shape, call.x.dtype,
+                                         owner=self._unfused_sums, device=self.device)
+        self.allreduce(call.x, out=s, stream=stream)
+        self._row_kernels.add_rmsnorm(call, stream, self._local_blocks(), s=s)
 
     # --- teardown ---------------------------------------------------------------
 

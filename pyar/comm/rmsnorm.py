@@ -25,6 +25,11 @@ FP8_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e4m3f
 PACK_BYTES = 16
 _E8M0 = np.dtype(np.uint8)
 _KIND_CODE = {None: 0, "fp8_per_token": 1, "fp8_per_group": 1, "mxfp4": 2}
+# QuantKind code -> the kind's part of a row kernel's name.
+KERNEL_KINDS = {0: "plain", 1: "fp8", 2: "mxfp4"}
+# Row blocks are whole multiples of the widest warp (AMD's 64 lanes), so
+# every warp of a block is full for its shuffles.
+ROW_THREAD_QUANTUM = 64
 _ROW_TYPES = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "uint32", "uint32")
 FUSED_TYPES = ("ptr", "uint64", "uint64", *_ROW_TYPES, "ptr", "uint64", "uint32")
 
@@ -41,10 +46,15 @@ scales        float32 (tokens, 1) or (tokens, hidden // group_size), or E8M0 cod
 """
 
 
+def quant_code(kind):
+    """The QuantKind code of a ``quant=`` kind (None: no quantization)."""
+    return _KIND_CODE[kind]
+
+
 class RowLayout:
     """Sizes read from a loaded allreduce_rmsnorm Module (pyar_rmsnorm_layout)."""
 
-    _FIELDS = ("max_hidden", "threads", "mx_block", "fnuz_flag")
+    _FIELDS = ("max_hidden", "max_row_threads", "mx_block", "fnuz_flag")
 
     def __init__(self, module):
         ptr, size = module.get_global("pyar_rmsnorm_layout")
@@ -53,13 +63,41 @@ class RowLayout:
         for i, name in enumerate(self._FIELDS):
             setattr(self, name, int.from_bytes(raw[8 * i:8 * i + 8], "little"))
 
-    def rows_per_pass(self, hidden, itemsize):
-        """Rows a block holds at once (RowPass in the kernels): a thread has
-        registers for its packs of a max_hidden row, and narrower rows share them."""
-        lanes = PACK_BYTES // itemsize
-        slots = self.max_hidden // lanes // self.threads
-        packs = hidden // lanes
-        return slots // -(-packs // self.threads)
+    def packs_per_thread_choices(self, itemsize):
+        """Every packs-per-thread value some supported row needs (the kernels
+        instantiate exactly these)."""
+        widest = row_launch(1, self.max_hidden, itemsize, self.max_row_threads, 1, 1)
+        return tuple(1 << i for i in range(widest.packs_per_thread.bit_length()))
+
+
+RowLaunch = collections.namedtuple("RowLaunch", "packs_per_thread threads blocks")
+RowLaunch.__doc__ = """How a row kernel is launched: ``threads`` per block, each
+owning ``packs_per_thread`` 16-byte packs of every row (the kernel's p<N>
+suffix), and ``blocks``, each taking rows b, b + blocks, ..."""
+
+
+def row_launch(tokens, hidden, itemsize, max_row_threads, block_cap, max_blocks,
+               cap_threads=None):
+    """The launch geometry of every row kernel (fused, add_rmsnorm, quantize)
+    for ``tokens`` rows of ``hidden`` elements of ``itemsize`` bytes.
+
+    Packs per thread: the fewest (a power of two) that keep a row within
+    ``max_row_threads`` threads; threads: the row's packs over that, rounded
+    up to ROW_THREAD_QUANTUM.  ``block_cap`` counts blocks of ``cap_threads``
+    threads (default max_row_threads / 2, the all-reduce kernels' blocks)
+    that may be resident at once; the kernels use at most 64 registers a
+    thread, so a multiprocessor holds at least max_row_threads // threads
+    row blocks for every two such blocks, and the cap scales by that.  At
+    most one block per row and at most ``max_blocks``."""
+    cap_threads = max_row_threads // 2 if cap_threads is None else cap_threads
+    packs = hidden * itemsize // PACK_BYTES
+    per_thread = 1
+    while -(-packs // per_thread) > max_row_threads:
+        per_thread *= 2
+    threads = -(-packs // per_thread)
+    threads = -(-threads // ROW_THREAD_QUANTUM) * ROW_THREAD_QUANTUM
+    scaled = block_cap * ((2 * cap_threads) // threads) // 2
+    return RowLaunch(per_thread, threads, max(1, min(tokens, scaled, max_blocks)))
 
 
 def default_fp8_dtype(device):
@@ -270,29 +308,42 @@ class RowKernels:
             function = self._functions[name] = self.module.get_function(name, types)
         return function
 
-    def passes(self, tokens, hidden, dtype):
-        """Blocks that give every block rows: one per pass of rows."""
-        per_pass = self.layout.rows_per_pass(hidden, np.dtype(dtype).itemsize)
-        return max(1, -(-tokens // per_pass))
+    def launch(self, tokens, hidden, dtype, block_cap, max_blocks, cap_threads=None):
+        """row_launch for this module's layout."""
+        return row_launch(tokens, hidden, np.dtype(dtype).itemsize, self.layout.max_row_threads,
+                          block_cap, max_blocks, cap_threads)
 
-    def add_rmsnorm(self, call, stream, max_blocks):
+    def add_rmsnorm(self, call, stream, max_blocks, s=None):
+        """Queues the add + RMSNorm (+ quantization) of ``call`` on the sums
+        ``s`` (``call.x`` when None; may be ``call.out`` itself)."""
         if call.tokens == 0:
             return
-        function = self.function(f"pyar_add_rmsnorm_{DTYPES[call.x.dtype]}",
-                                 ("ptr", "uint64", *_ROW_TYPES))
-        function.launch(min(max_blocks, self.passes(call.tokens, call.hidden, call.x.dtype)),
-                        self.layout.threads,
-                        (call.x.ptr, call.tokens, *call.row_args(0, call.tokens)), stream=stream)
+        s = call.x if s is None else s
+        # Nothing here waits for a peer: blocks beyond the resident ones just queue.
+        geometry = self.launch(call.tokens, call.hidden, call.x.dtype, max_blocks, call.tokens)
+        function = self.function(
+            f"pyar_add_rmsnorm_{kernel_suffix(call.x.dtype, call.quant_code, geometry)}",
+            ("ptr", "uint64", *_ROW_TYPES))
+        function.launch(geometry.blocks, geometry.threads,
+                        (s.ptr, call.tokens, *call.row_args(0, call.tokens)), stream=stream)
 
     def quantize(self, y, quant, quantized, scales, stream, max_blocks):
         tokens, hidden = y.shape
         if tokens == 0:
             return
-        function = self.function(f"pyar_quantize_{DTYPES[y.dtype]}",
+        geometry = self.launch(tokens, hidden, y.dtype, max_blocks, tokens)
+        function = self.function(f"pyar_quantize_{kernel_suffix(y.dtype, quant.code, geometry)}",
                                  ("ptr", "uint64", "uint32", "ptr", "ptr", "uint32", "uint32"))
-        function.launch(min(max_blocks, self.passes(tokens, hidden, y.dtype)), self.layout.threads,
+        function.launch(geometry.blocks, geometry.threads,
                         (y.ptr, tokens, hidden, quantized.ptr, scales.ptr, quant.code,
                          quant.group), stream=stream)
+
+
+def kernel_suffix(dtype, quant_code, geometry):
+    """<dtype>_<quant kind>_p<packs per thread>: the part of a row kernel's name
+    after the kernel's own (the fused kernels add _w<world>)."""
+    kind = KERNEL_KINDS[quant_code & 0xF]
+    return f"{DTYPES[np.dtype(dtype)]}_{kind}_p{geometry.packs_per_thread}"
 
 
 @functools.lru_cache(maxsize=None)

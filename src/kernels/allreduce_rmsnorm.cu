@@ -7,26 +7,29 @@
 //   y = r / sqrt(mean(r^2) + eps) * weight        (rounded to T)
 //   q, scales = quantize(y)        (FP8 per token / per group, or MXFP4)
 //
-// Rows are whole packs (hidden is a multiple of 16 bytes).  A thread has
-// registers for its packs of the widest row (kMaxHidden); a block fills them
-// with as many rows of its own as fit (a pass, RowPass), so that narrow rows
-// keep several rows' loads in flight and share one block reduction.  A thread
-// keeps its packs in registers between the sum, the norm and the quantization.
+// The row code.  A block holds one row at a time: thread t owns packs
+// t, t + B, .., t + (P-1)B of every row (B = blockDim.x, chosen by the host
+// as packs / P rounded up to a multiple of 64; P packs per thread is a
+// template parameter, like the quantization kind), so a thread's columns
+// and weight packs are fixed for the whole kernel and kept in registers.
+// Rows are grid-strided: block b holds rows b, b + G, b + 2G, ...  While a
+// row is normed, the next row's packs (and its residual) are already loaded
+// (one pack per thread; wider rows have their P packs in flight instead); a
+// row costs one block-wide synchronization for its sum of squares (and one
+// more for a per-token FP8 amax).  Threads past the row's end load a clamped
+// copy of its last pack and contribute nothing.
 //
 // one_stage   every rank reads every peer's rows and computes all of them
 //             (latency: one read of the inputs, one kernel).  Peers read this
 //             rank's input until they finish, so the exit barrier is what
 //             makes the input reusable -- the barrier the seeds' one-stage
 //             fused kernels left out.
-// two_stage   rank r reduces the r-th slice of every row into its scratch
-//             (reduce-scatter), then after `mid` every rank reads the whole
-//             reduced rows back from their owners and norms them with its own
-//             residual and weight (all-gather of s fused into the norm).  The
-//             input is read only before `mid`, so `mid` is the barrier that
-//             makes it reusable; the exit barrier is kept all the same (rule
-//             1), and the scratch is rewritten only after the next call's
-//             start barrier.  Block b handles the same rows in both phases, so
-//             a per-block `mid` orders every scratch write before its reads.
+// two_stage   rank r reduces the r-th slice of every row and stores the
+//             reduced packs into every rank's gather buffer (its two-shot
+//             scratch); after `mid` each rank norms whole rows from its own
+//             gather buffer, with its own residual and weight.  The input is
+//             read only before `mid`, so `mid` is the barrier that makes it
+//             reusable; the exit barrier is kept all the same (rule 1).
 //
 // add_rmsnorm and quantize are the same steps as single-rank kernels: a world
 // of one, and the unfused baseline of the benchmark.
@@ -36,6 +39,7 @@
 namespace pyar {
 
 constexpr int kMaxHidden = 16384;
+constexpr int kMaxRowThreads = 1024;  // threads of a row block (packs / P, rounded up)
 constexpr int kMxBlock = 32;
 
 enum QuantKind : uint32_t { kNoQuant = 0, kFp8 = 1, kMxfp4 = 2 };
@@ -50,95 +54,94 @@ struct RowArgs {
   void *scales;       // float32 (tokens, hidden / group) or E8M0 codes (tokens, hidden / 32)
   uint32_t hidden;
   float eps;
-  uint32_t quant;     // QuantKind | kFnuzFlag
+  uint32_t quant;     // QuantKind | kFnuzFlag (the kind also selects the kernel)
   uint32_t group;     // FP8 elements per scale (hidden: one scale per token)
 };
 
 constexpr uint32_t kFnuzFlag = 0x10;
 
-// A thread's packs of one pass: slot k holds pack RowPass::pack(k) of row
-// RowPass::row(k).
 template <typename T>
-struct Row {
-  static constexpr int L = Lanes<T>::kCount;
-  static constexpr int kPacks = kMaxHidden / L / kThreads;
-  float v[kPacks][L];
-};
+constexpr int kLaneShift = sizeof(T) == 4 ? 2 : 3;  // log2 of the elements per pack
 
-// The rows a block holds at once: a row takes `per_row` slots (its packs
-// spread over the block's threads), a pass `rows` consecutive rows.
-template <typename T>
-struct RowPass {
-  uint32_t packs;    // per row
-  uint32_t per_row;  // slots per row
-  uint32_t rows;     // rows per pass
-  uint64_t first;    // this pass's first row
-  uint64_t tokens;
+PYAR_DEVICE uint32_t lane_id() { return threadIdx.x & (kWarpSize - 1); }
 
-  PYAR_DEVICE RowPass(uint32_t hidden, uint64_t tokens_)
-      : packs(hidden / Row<T>::L),
-        per_row((packs + kThreads - 1) / kThreads),
-        rows(Row<T>::kPacks / per_row),
-        first(0),
-        tokens(tokens_) {}
+// The packs thread t owns in every row: pack t + p * B, clamped to the row's
+// last pack past its end (a valid address whose values are masked out).
+template <int P>
+struct Columns {
+  uint32_t packs;  // per row
+  uint32_t col[P];
+  uint32_t valid;  // bit p: col[p] is the thread's own pack, not a clamped copy
 
-  PYAR_DEVICE uint64_t row(int k) const { return first + uint32_t(k) / per_row; }
-  PYAR_DEVICE uint32_t pack(int k) const { return threadIdx.x + (uint32_t(k) % per_row) * kThreads; }
-  // Whether the block uses slot k this pass: the same answer in every thread,
-  // so warp shuffles and block reductions stay uniform.
-  PYAR_DEVICE bool used(int k) const {
-    return uint32_t(k) / per_row < rows && row(k) < tokens &&
-           (uint32_t(k) % per_row) * kThreads < packs;
-  }
-  PYAR_DEVICE bool holds(int k) const { return used(k) && pack(k) < packs; }
-  // Passes of this block: rows [first, first + rows), blocks taking turns.
-  PYAR_DEVICE bool begin() { first = uint64_t(blockIdx.x) * rows; return first < tokens; }
-  PYAR_DEVICE bool next() { first += uint64_t(gridDim.x) * rows; return first < tokens; }
-};
-
-PYAR_DEVICE int lane_id() { return threadIdx.x % kWarpSize; }
-
-// Each slot's sum (or max) over the block, then over the slots of its row in
-// slot order: the same value and bits in every thread, and a row's result
-// does not depend on which other rows share its pass.
-template <bool kMax, typename T>
-PYAR_DEVICE void row_reduce(float (&v)[Row<T>::kPacks], const RowPass<T> &pass) {
-  constexpr int N = Row<T>::kPacks;
-  __shared__ float per_warp[N][kThreads / kWarpSize];
+  PYAR_DEVICE explicit Columns(uint32_t packs_) : packs(packs_), valid(0) {
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-#pragma unroll
-    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
-      const float other = shuffle_xor(v[k], mask);
-      v[k] = kMax ? fmaxf(v[k], other) : v[k] + other;
+    for (int p = 0; p < P; ++p) {
+      const uint32_t c = threadIdx.x + uint32_t(p) * blockDim.x;
+      valid |= uint32_t(c < packs) << p;
+      col[p] = min(c, packs - 1);
     }
-    if (lane_id() == 0) per_warp[k][threadIdx.x / kWarpSize] = v[k];
   }
-  __syncthreads();
-  float slot[N];
+  PYAR_DEVICE bool holds(int p) const { return (valid >> p) & 1u; }
+  PYAR_DEVICE uint64_t at(uint64_t row, int p) const { return row * packs + col[p]; }
+};
+
+template <typename T>
+PYAR_DEVICE void unpack(const Pack16 &pack, float (&v)[Lanes<T>::kCount]) {
+  const T *e = reinterpret_cast<const T *>(&pack);
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    slot[k] = per_warp[k][0];
-#pragma unroll
-    for (int w = 1; w < kThreads / kWarpSize; ++w)
-      slot[k] = kMax ? fmaxf(slot[k], per_warp[k][w]) : slot[k] + per_warp[k][w];
-  }
-  __syncthreads();  // per_warp is reused by the next reduction
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    float total = 0.f;  // both reduce non-negative values
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-      if (uint32_t(j) / pass.per_row == uint32_t(k) / pass.per_row)
-        total = kMax ? fmaxf(total, slot[j]) : total + slot[j];
-    v[k] = total;
-  }
+  for (int j = 0; j < Lanes<T>::kCount; ++j) v[j] = Element<T>::to_float(e[j]);
 }
 
-// The max over `lanes` adjacent lanes (a power of two up to the warp size);
-// every lane of the warp calls it.
-PYAR_DEVICE float group_max(float v, int lanes) {
-  for (int mask = 1; mask < lanes; mask *= 2) v = fmaxf(v, shuffle_xor(v, mask));
+// Rounds v to T in place and returns the rounded pack.
+template <typename T>
+PYAR_DEVICE Pack16 round_pack(float (&v)[Lanes<T>::kCount]) {
+  Pack16 out;
+  T *o = reinterpret_cast<T *>(&out);
+#pragma unroll
+  for (int j = 0; j < Lanes<T>::kCount; ++j) {
+    o[j] = Element<T>::from_float(v[j]);
+    v[j] = Element<T>::to_float(o[j]);
+  }
+  return out;
+}
+
+// Block-wide sum or max of one value per thread, with one __syncthreads: warp
+// shuffles, then every thread adds the warps' results from shared memory in
+// warp order (the same bits everywhere).  The shared slots alternate between
+// two halves, so the next reduction writes the other half while slow threads
+// still read this one; the one after it writes this half again only after
+// its own __syncthreads, which every thread reaches after reading.
+struct BlockReduce {
+  static constexpr int kMaxWarps = kMaxRowThreads / 32;
+  float (*slots)[kMaxWarps];
+  uint32_t turn;
+
+  PYAR_DEVICE BlockReduce() : turn(0) {
+    __shared__ float shared[2][kMaxWarps];
+    slots = shared;
+  }
+  template <bool kMax>
+  PYAR_DEVICE float run(float v) {
+#pragma unroll
+    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
+      const float other = shuffle_xor(v, mask);
+      v = kMax ? fmaxf(v, other) : v + other;
+    }
+    float *slot = slots[turn & 1u];
+    ++turn;
+    if (lane_id() == 0) slot[threadIdx.x / kWarpSize] = v;
+    __syncthreads();
+    float total = slot[0];
+    const uint32_t warps = blockDim.x / kWarpSize;
+    for (uint32_t w = 1; w < warps; ++w) total = kMax ? fmaxf(total, slot[w]) : total + slot[w];
+    return total;
+  }
+};
+
+// The max over `lanes` adjacent lanes (a power of two up to 32); every lane
+// of the warp calls it.
+PYAR_DEVICE float group_max(float v, uint32_t lanes) {
+  for (uint32_t mask = 1; mask < lanes; mask *= 2) v = fmaxf(v, shuffle_xor(v, mask));
   return v;
 }
 
@@ -147,123 +150,293 @@ template <> struct Word<2> { using type = uint16_t; };
 template <> struct Word<4> { using type = uint32_t; };
 template <> struct Word<8> { using type = uint64_t; };
 
-// Quantizes the pass's rows (y rounded to T, held in `row`) into a.q and a.scales.
-template <typename T>
-PYAR_DEVICE void quantize_rows(const Row<T> &row, const RowPass<T> &pass, const RowArgs &a) {
-  constexpr int L = Row<T>::L;
-  constexpr int N = Row<T>::kPacks;
-  const uint32_t kind = a.quant & 0xf;
-  if (kind == kNoQuant) return;
-  float amax[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    amax[k] = 0.f;
-    if (pass.holds(k))
-#pragma unroll
-      for (int j = 0; j < L; ++j) amax[k] = fmaxf(amax[k], fabsf(row.v[k][j]));
+// Where FP8 scales go, computed once per kernel: the scale of pack c lives in
+// column c >> shift, written by the pack with (c & mask) == 0.  One scale per
+// token is shift 31 and mask ~0 (column 0, written by pack 0).
+struct ScaleGroups {
+  uint32_t shift, mask, columns, packs;  // packs per group (1 per token: unused)
+  bool per_token;
+
+  template <typename T>
+  PYAR_DEVICE static ScaleGroups of(const RowArgs &a) {
+    ScaleGroups g;
+    g.per_token = a.group == a.hidden;
+    g.packs = a.group >> kLaneShift<T>;  // a power of two unless per token (0: no FP8)
+    g.shift = g.per_token || g.packs == 0 ? 31u : uint32_t(__ffs(int(g.packs)) - 1);
+    g.mask = g.per_token ? ~0u : g.packs - 1;
+    g.columns = g.per_token ? 1u : (a.hidden >> kLaneShift<T>) >> g.shift;
+    return g;
   }
-  if (kind == kFp8) {
+};
+
+// Quantizes one row, y (rounded to T) in v, into a.q and a.scales (Q is
+// kFp8 or kMxfp4).
+template <typename T, int P, int Q>
+PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Columns<P> &c,
+                              uint64_t row, const RowArgs &a, const ScaleGroups &groups,
+                              BlockReduce &reduce) {
+  constexpr int L = Lanes<T>::kCount;
+  float amax[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    amax[p] = 0.f;
+#pragma unroll
+    for (int j = 0; j < L; ++j) amax[p] = fmaxf(amax[p], fabsf(v[p][j]));
+    if (!c.holds(p)) amax[p] = 0.f;
+  }
+  if constexpr (Q == kFp8) {
     const bool fnuz = a.quant & kFnuzFlag;
-    const uint32_t groups = a.hidden / a.group;
-    const int group_packs = a.group / L;
-    if (groups == 1) row_reduce<true, T>(amax, pass);  // one scale per token
+    if (groups.per_token) {
+      float m = amax[0];
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      if (!pass.used(k)) continue;
-      // Every lane shuffles, including those past the row's end.
-      const float gmax = groups == 1 ? amax[k] : group_max(amax[k], group_packs);
-      const uint32_t p = pass.pack(k);
-      if (p < pass.packs) {
-        const uint64_t t = pass.row(k);
-        const float scale = fp8_scale(gmax, fnuz);
-        if (p % group_packs == 0) static_cast<float *>(a.scales)[t * groups + p / group_packs] = scale;
-        typename Word<L>::type word = 0;
+      for (int p = 1; p < P; ++p) m = fmaxf(m, amax[p]);
+      m = reduce.run<true>(m);
 #pragma unroll
-        for (int j = 0; j < L; ++j)
-          word |= typename Word<L>::type(encode_e4m3(__fdiv_rn(row.v[k][j], scale), fnuz))
-                  << (8 * j);
-        reinterpret_cast<typename Word<L>::type *>(a.q + t * a.hidden)[p] = word;
-      }
+      for (int p = 0; p < P; ++p) amax[p] = m;
+    } else {
+#pragma unroll
+      for (int p = 0; p < P; ++p) amax[p] = group_max(amax[p], groups.packs);
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (!c.holds(p)) continue;
+      const float scale = fp8_scale(amax[p], fnuz);
+      const uint32_t col = c.col[p];
+      if ((col & groups.mask) == 0)
+        static_cast<float *>(a.scales)[row * groups.columns + (col >> groups.shift)] = scale;
+      typename Word<L>::type word = 0;
+#pragma unroll
+      for (int j = 0; j < L; ++j)
+        word |= typename Word<L>::type(encode_e4m3(__fdiv_rn(v[p][j], scale), fnuz)) << (8 * j);
+      reinterpret_cast<typename Word<L>::type *>(a.q + row * a.hidden)[col] = word;
     }
   } else {
-    constexpr int block_packs = kMxBlock / L;
+    constexpr uint32_t block_packs = kMxBlock / L;
+    constexpr int block_shift = kLaneShift<T> == 3 ? 2 : 3;  // log2(block_packs)
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      if (!pass.used(k)) continue;
-      const int shared = mx_shared_exponent(group_max(amax[k], block_packs));
-      const uint32_t p = pass.pack(k);
-      if (p < pass.packs) {
-        const uint64_t t = pass.row(k);
-        uint8_t *scales = static_cast<uint8_t *>(a.scales) + t * (a.hidden / kMxBlock);
-        if (p % block_packs == 0) scales[p / block_packs] = uint8_t(shared + 127);
-        typename Word<L / 2>::type word = 0;
+    for (int p = 0; p < P; ++p) {
+      const int shared = mx_shared_exponent(group_max(amax[p], block_packs));
+      if (!c.holds(p)) continue;
+      const uint32_t col = c.col[p];
+      uint8_t *scales = static_cast<uint8_t *>(a.scales) + row * (a.hidden / kMxBlock);
+      if ((col & (block_packs - 1)) == 0) scales[col >> block_shift] = uint8_t(shared + 127);
+      typename Word<L / 2>::type word = 0;
 #pragma unroll
-        for (int j = 0; j < L; ++j)
-          word |= typename Word<L / 2>::type(encode_e2m1(ldexpf(row.v[k][j], -shared)))
-                  << (4 * j);
-        reinterpret_cast<typename Word<L / 2>::type *>(a.q + t * (a.hidden / 2))[p] = word;
+      for (int j = 0; j < L; ++j)
+        word |= typename Word<L / 2>::type(encode_e2m1(ldexpf(v[p][j], -shared))) << (4 * j);
+      reinterpret_cast<typename Word<L / 2>::type *>(a.q + row * (a.hidden / 2))[col] = word;
+    }
+  }
+}
+
+// What every row of a call shares, set up once per block: the thread's
+// columns, its weight packs and the quantization's scale layout.
+template <typename T, int P>
+struct RowContext {
+  Columns<P> cols;
+  Pack16 weight[P];
+  ScaleGroups groups;
+
+  PYAR_DEVICE explicit RowContext(const RowArgs &a)
+      : cols(a.hidden >> kLaneShift<T>), groups(ScaleGroups::of<T>(a)) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) weight[p] = a.weight ? a.weight[cols.col[p]] : Pack16{};
+  }
+};
+
+// Residual add, RMSNorm and quantization of one row whose sum s (rounded to
+// T) is in v; `res` holds the row's residual packs.
+template <typename T, int P, int Q>
+PYAR_DEVICE void finish_row(float (&v)[P][Lanes<T>::kCount], const Pack16 (&res)[P],
+                            const RowContext<T, P> &ctx, uint64_t row, const RowArgs &a,
+                            BlockReduce &reduce) {
+  constexpr int L = Lanes<T>::kCount;
+  const Columns<P> &c = ctx.cols;
+  float squares = 0.f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    float rv[L];
+    unpack<T>(res[p], rv);
+#pragma unroll
+    for (int j = 0; j < L; ++j) v[p][j] += rv[j];
+    const Pack16 r = round_pack<T>(v[p]);  // y is the norm of the stored residual
+    float sq = 0.f;
+#pragma unroll
+    for (int j = 0; j < L; ++j) sq += v[p][j] * v[p][j];
+    if (c.holds(p)) {
+      squares += sq;
+      a.residual_out[c.at(row, p)] = r;
+    }
+  }
+  const float inv_rms = 1.0f / sqrtf(reduce.run<false>(squares) / float(a.hidden) + a.eps);
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    float wv[L];
+    unpack<T>(ctx.weight[p], wv);
+#pragma unroll
+    for (int j = 0; j < L; ++j) v[p][j] = v[p][j] * inv_rms * wv[j];
+    const Pack16 y = round_pack<T>(v[p]);  // quantize what the caller would see
+    if (a.y && c.holds(p)) a.y[c.at(row, p)] = y;
+  }
+  if constexpr (Q != kNoQuant) quantize_row<T, P, Q>(v, c, row, a, ctx.groups, reduce);
+}
+
+// Packs of one row from a single array (the gathered sums, or x on one GPU);
+// `peer` selects loads that bypass the per-multiprocessor cache, for data
+// other ranks wrote during this kernel.
+template <typename T, int P, bool kPeer>
+struct ArrayRows {
+  const Pack16 *base;
+  struct Raw {
+    Pack16 pack[P];
+  };
+  PYAR_DEVICE Raw load(const Columns<P> &c, uint64_t row) const {
+    Raw raw;
+#pragma unroll
+    for (int p = 0; p < P; ++p) raw.pack[p] = kPeer ? load_peer(base + c.at(row, p))
+                                                    : base[c.at(row, p)];
+    return raw;
+  }
+  PYAR_DEVICE void sum(const Raw &raw, float (&v)[P][Lanes<T>::kCount]) const {
+#pragma unroll
+    for (int p = 0; p < P; ++p) unpack<T>(raw.pack[p], v[p]);
+  }
+};
+
+// Every rank's base pointer (an input, or a gather buffer) in shared memory,
+// read again at each use: kept in registers through the row loops, W 64-bit
+// pointers (two tables in two-stage) push the larger worlds past 64
+// registers; a broadcast shared load per use is cheaper than the spills.
+template <int W>
+struct RankTable {
+  Pack16 *volatile *entry;
+  PYAR_DEVICE Pack16 *operator[](int r) const { return entry[r]; }
+  // Threads < W fill it; the caller's next __syncthreads publishes it.
+  // kTable tells a kernel's tables apart (each instantiation has its own
+  // shared array).  An input table is only ever loaded from.
+  template <int kTable>
+  PYAR_DEVICE static RankTable fill(const Pack16 *const *bases, uint64_t offset) {
+    __shared__ Pack16 *table[kMaxRanks];
+    if (threadIdx.x < W) table[threadIdx.x] = const_cast<Pack16 *>(bases[threadIdx.x]) + offset;
+    return RankTable{table};
+  }
+};
+
+// The sum of one pack over every rank, in rank order in fp32 and rounded to
+// T: the bits of reduce_pack.  The loads go out in groups of up to four
+// ranks (64 bytes in flight per thread), which holds the registers of the
+// larger worlds within two 512-thread blocks per multiprocessor.
+template <typename T, int W>
+PYAR_DEVICE Pack16 sum_ranks(const RankTable<W> &src, uint64_t i) {
+  constexpr int L = Lanes<T>::kCount;
+  constexpr int kGroup = W < 4 ? W : 4;
+  float acc[L];
+#pragma unroll
+  for (int first = 0; first < W; first += kGroup) {
+    Pack16 v[kGroup];
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r)
+      if (first + r < W) v[r] = load_peer(src[first + r] + i);
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) {
+      if (first + r >= W) continue;
+      float x[L];
+      unpack<T>(v[r], x);
+#pragma unroll
+      for (int j = 0; j < L; ++j) acc[j] = first + r == 0 ? x[j] : acc[j] + x[j];
+    }
+  }
+  return round_pack<T>(acc);
+}
+
+// Packs of one row from every rank's input.  With few packs per row in
+// flight (W * P <= 4) the raw packs are loaded a row ahead and summed when
+// the row's turn comes; with more, they are summed as they arrive (W * P
+// packs in flight already) and the row ahead holds only the sums.
+template <typename T, int P, int W>
+struct PeerRows {
+  static constexpr bool kRawAhead = W * P <= 4;
+  RankTable<W> src;
+  struct Raw {
+    Pack16 pack[P][kRawAhead ? W : 1];
+  };
+  PYAR_DEVICE Raw load(const Columns<P> &c, uint64_t row) const {
+    Raw raw;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if constexpr (kRawAhead) {
+#pragma unroll
+        for (int r = 0; r < W; ++r) raw.pack[p][r] = load_peer(src[r] + c.at(row, p));
+      } else {
+        raw.pack[p][0] = sum_ranks<T, W>(src, c.at(row, p));
+      }
+    }
+    return raw;
+  }
+  PYAR_DEVICE void sum(const Raw &raw, float (&v)[P][Lanes<T>::kCount]) const {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if constexpr (kRawAhead) {
+        unpack<T>(reduce_pack<T, W>(raw.pack[p]), v[p]);
+      } else {
+        unpack<T>(raw.pack[p][0], v[p]);
       }
     }
   }
-}
+};
 
-// Residual add, RMSNorm and quantization of the pass's rows, whose sums s the
-// thread holds in `row` (already rounded to T).  Leaves y (rounded to T) in `row`.
-template <typename T>
-PYAR_DEVICE void finish_rows(Row<T> &row, const RowPass<T> &pass, const RowArgs &a) {
-  constexpr int L = Row<T>::L;
-  constexpr int N = Row<T>::kPacks;
-  float squares[N];
+template <typename T, int P>
+struct ResidualRow {
+  Pack16 pack[P];
+  PYAR_DEVICE void load(const Columns<P> &c, const Pack16 *residual, uint64_t row) {
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    squares[k] = 0.f;
-    if (!pass.holds(k)) continue;
-    const uint64_t index = pass.row(k) * pass.packs + pass.pack(k);
-    const Pack16 res = a.residual[index];
-    const T *rv = reinterpret_cast<const T *>(&res);
-    Pack16 r;
-    T *ro = reinterpret_cast<T *>(&r);
-#pragma unroll
-    for (int j = 0; j < L; ++j) {
-      ro[j] = Element<T>::from_float(row.v[k][j] + Element<T>::to_float(rv[j]));
-      row.v[k][j] = Element<T>::to_float(ro[j]);  // y is the norm of the stored residual
-      squares[k] += row.v[k][j] * row.v[k][j];
-    }
-    a.residual_out[index] = r;
+    for (int p = 0; p < P; ++p) pack[p] = residual[c.at(row, p)];
   }
-  row_reduce<false, T>(squares, pass);
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    if (!pass.holds(k)) continue;
-    const float inv_rms = 1.0f / sqrtf(squares[k] / float(a.hidden) + a.eps);
-    const uint32_t p = pass.pack(k);
-    const Pack16 w = a.weight[p];
-    const T *wv = reinterpret_cast<const T *>(&w);
-    Pack16 y;
-    T *yo = reinterpret_cast<T *>(&y);
-#pragma unroll
-    for (int j = 0; j < L; ++j) {
-      yo[j] = Element<T>::from_float(row.v[k][j] * inv_rms * Element<T>::to_float(wv[j]));
-      row.v[k][j] = Element<T>::to_float(yo[j]);  // quantize what the caller would see
+};
+
+// The block's first row, clamped into the call (a block without rows loads
+// row 0 and never uses it): its residual is the caller's own data, complete
+// when the kernel starts, so it is loaded before any barrier.
+PYAR_DEVICE uint64_t first_row(uint64_t tokens) {
+  return blockIdx.x < tokens ? blockIdx.x : 0;
+}
+
+// The block's rows b, b + G, ..: residual add, RMSNorm, quantization.  With
+// one pack per thread the next row's packs and residual are loaded before
+// the current row is normed (the last row loads itself again instead:
+// straight-line, no row branch); with more, the row's own P packs a source
+// are in flight already and a second row's would not fit 64 registers.
+template <typename T, int P, int Q, typename Rows>
+PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
+                           const RowContext<T, P> &ctx, ResidualRow<T, P> res) {
+  constexpr bool kAhead = P == 1;
+  if (blockIdx.x >= tokens) return;
+  BlockReduce reduce;
+  uint64_t row = blockIdx.x;
+  typename Rows::Raw raw = rows.load(ctx.cols, row);
+  for (;;) {
+    const uint64_t next = row + gridDim.x;
+    const bool more = next < tokens;
+    typename Rows::Raw raw_ahead;
+    ResidualRow<T, P> res_ahead;
+    if constexpr (kAhead) {
+      const uint64_t ahead = more ? next : row;
+      raw_ahead = rows.load(ctx.cols, ahead);
+      res_ahead.load(ctx.cols, a.residual, ahead);
     }
-    if (a.y) a.y[pass.row(k) * pass.packs + p] = y;
+    float v[P][Lanes<T>::kCount];
+    rows.sum(raw, v);
+    finish_row<T, P, Q>(v, res.pack, ctx, row, a, reduce);
+    if (!more) break;
+    row = next;
+    if constexpr (kAhead) {
+      raw = raw_ahead;
+      res = res_ahead;
+    } else {
+      raw = rows.load(ctx.cols, row);
+      res.load(ctx.cols, a.residual, row);
+    }
   }
-  quantize_rows<T>(row, pass, a);
-}
-
-template <typename T>
-PYAR_DEVICE void unpack(Row<T> &row, int k, const Pack16 &pack) {
-  const T *e = reinterpret_cast<const T *>(&pack);
-#pragma unroll
-  for (int j = 0; j < Row<T>::L; ++j) row.v[k][j] = Element<T>::to_float(e[j]);
-}
-
-// Loads the pass's rows into `row`: slot k from load(index of its pack).
-template <typename T, typename Load>
-PYAR_DEVICE void load_rows(Row<T> &row, const RowPass<T> &pass, Load load) {
-#pragma unroll
-  for (int k = 0; k < Row<T>::kPacks; ++k)
-    if (pass.holds(k)) unpack<T>(row, k, load(pass.row(k) * pass.packs + pass.pack(k)));
 }
 
 template <int W>
@@ -275,96 +448,123 @@ PYAR_DEVICE bool mid_barrier(const CommState &s, uint32_t epoch, const CallInfo 
 #endif
 }
 
-template <typename T, int W>
+template <typename T, int P, int Q, int W>
 PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, uint64_t tokens,
                            const RowArgs &a, const CommState *state, const CallInfo &info) {
   const CommState &s = *state;
+  const RowContext<T, P> ctx(a);
+  ResidualRow<T, P> res;
+  res.load(ctx.cols, a.residual, first_row(tokens));
+  const PeerRows<T, P, W> rows{RankTable<W>::template fill<0>(in->ptr, in_offset)};
   const uint32_t epoch = BlockEpoch::begin(s);
   if (barrier<W>(s, kStart, epoch, info)) {
-    const Pack16 *src[W];
-#pragma unroll
-    for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
-    RowPass<T> pass(a.hidden, tokens);
-    for (bool more = pass.begin(); more; more = pass.next()) {
-      Row<T> row;
-      load_rows<T>(row, pass, [&](uint64_t i) { return load_and_reduce<T, W>(src, i); });
-      finish_rows<T>(row, pass, a);
-    }
+    norm_rows<T, P, Q>(rows, tokens, a, ctx, res);
     exit_barrier<W>(s, epoch, info);
   }
   BlockEpoch::commit(s, epoch);
 }
 
-template <typename T, int W>
+// Phase 1 of two_stage: this rank's slice of each of the block's rows,
+// summed and stored into every rank's gather buffer at the row's own place.
+// Item q of the block (thread t's p-th, q = t + p * B) is pack q % slice of
+// the slice in rows j = q / slice, j + R, j + 2R, .. of the block's rows
+// (R = B * P / slice rows at once); both divisions happen once per item.
+template <typename T, int P, int W>
+PYAR_DEVICE void reduce_scatter_rows(const RankTable<W> &src, const RankTable<W> &gather,
+                                     uint64_t tokens, uint32_t packs, const CommState &s) {
+  if (blockIdx.x >= tokens) return;
+  const uint32_t slice = (packs + W - 1) / W;
+  const uint32_t mine = s.rank * slice;
+  const uint32_t items = blockDim.x * uint32_t(P);
+  const uint32_t at_once = items / slice;  // >= 1: B * P >= packs >= slice
+  const uint64_t my_rows = (tokens - 1 - blockIdx.x) / gridDim.x + 1;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const uint32_t q = threadIdx.x + uint32_t(p) * blockDim.x;
+    const uint32_t first = q / slice;
+    const uint32_t col = mine + (q - first * slice);
+    if (first >= at_once || col >= packs) continue;
+    for (uint64_t j = first; j < my_rows; j += at_once) {
+      const uint64_t index = (blockIdx.x + j * gridDim.x) * packs + col;
+      const Pack16 sum = sum_ranks<T, W>(src, index);
+#pragma unroll
+      for (int r = 0; r < W; ++r) store_pack(gather[r] + index, sum);
+    }
+  }
+}
+
+template <typename T, int P, int Q, int W>
 PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t tokens,
                            const RowArgs &a, const CommState *state, const CallInfo &info) {
   const CommState &s = *state;
+  const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
+  const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
   if (barrier<W>(s, kStart, epoch, info)) {
-    const Pack16 *src[W];
-#pragma unroll
-    for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
-    RowPass<T> pass(a.hidden, tokens);
-    const uint32_t packs = pass.packs;
-    const uint32_t slice = (packs + W - 1) / W;
-    const uint32_t mine = s.rank * slice;
-    const uint32_t my_packs = mine < packs ? min(slice, packs - mine) : 0;
-    // This block's rows are those of its passes (RowPass::begin/next), in
-    // both phases: the per-block `mid` then orders the scratch writes of
-    // every rank's block b before block b's reads.
-    const uint64_t passes = (tokens + pass.rows - 1) / pass.rows;
-    const uint64_t my_passes =
-        passes > blockIdx.x ? (passes - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
-    Pack16 *partial = s.partial[s.rank];
-    for (uint64_t i = threadIdx.x; i < my_passes * pass.rows * slice; i += kThreads) {
-      const uint64_t j = i / slice;  // the block's j-th row
-      const uint64_t t = (blockIdx.x + (j / pass.rows) * gridDim.x) * pass.rows + j % pass.rows;
-      const uint32_t k = i % slice;
-      if (t < tokens && k < my_packs) {
-        const uint64_t index = t * packs + mine + k;
-        store_pack(partial + index, load_and_reduce<T, W>(src, index));
-      }
-    }
+    reduce_scatter_rows<T, P, W>(src, gather, tokens, a.hidden >> kLaneShift<T>, s);
+    // Ordering.  Block b of every rank stores the sums of block b's rows
+    // (rows b, b + G, ..: the rows norm_rows gives block b) and nothing
+    // else, so after the per-block `mid` barrier, block b reads exactly what
+    // block b of every rank stored.  The stores go to peers' memory: each
+    // thread fences its own stores at system scope before the barrier, so
+    // that they are visible once a peer's acquire sees the barrier's flag
+    // (the barrier's release alone is issued by other threads).  The gather
+    // buffer is stored to again only by the next call's blocks after its
+    // start barrier, which a peer's block reaches only once that peer's
+    // previous kernel has finished (stream order): nothing still reads it.
+    fence_system();
+    // The weight and the first residual row, this rank's own data, load
+    // while the block waits at `mid` (not before phase 1: their registers
+    // would be held through it).
+    const RowContext<T, P> ctx(a);
+    ResidualRow<T, P> res;
+    res.load(ctx.cols, a.residual, first_row(tokens));
     if (mid_barrier<W>(s, epoch, info)) {
-      for (bool more = pass.begin(); more; more = pass.next()) {
-        Row<T> row;
-        load_rows<T>(row, pass, [&](uint64_t i) {
-          return load_peer(s.partial[(i % packs) / slice] + i);
-        });
-        finish_rows<T>(row, pass, a);
-      }
+      const ArrayRows<T, P, true> rows{s.partial[s.rank]};
+      norm_rows<T, P, Q>(rows, tokens, a, ctx, res);
       exit_barrier<W>(s, epoch, info);
     }
   }
   BlockEpoch::commit(s, epoch);
 }
 
-template <typename T>
+template <typename T, int P, int Q>
 PYAR_DEVICE void add_rmsnorm(const Pack16 *x, uint64_t tokens, const RowArgs &a) {
-  RowPass<T> pass(a.hidden, tokens);
-  for (bool more = pass.begin(); more; more = pass.next()) {
-    Row<T> row;
-    load_rows<T>(row, pass, [&](uint64_t i) { return x[i]; });
-    finish_rows<T>(row, pass, a);
-  }
+  const RowContext<T, P> ctx(a);
+  ResidualRow<T, P> res;
+  res.load(ctx.cols, a.residual, first_row(tokens));
+  norm_rows<T, P, Q>(ArrayRows<T, P, false>{x}, tokens, a, ctx, res);
 }
 
-template <typename T>
+// Quantization alone: y's rows, the next row's packs loaded before the
+// current row is quantized.
+template <typename T, int P, int Q>
 PYAR_DEVICE void quantize(const Pack16 *y, uint64_t tokens, const RowArgs &a) {
-  RowPass<T> pass(a.hidden, tokens);
-  for (bool more = pass.begin(); more; more = pass.next()) {
-    Row<T> row;
-    load_rows<T>(row, pass, [&](uint64_t i) { return y[i]; });
-    quantize_rows<T>(row, pass, a);
+  if (blockIdx.x >= tokens) return;
+  const RowContext<T, P> ctx(a);
+  const ArrayRows<T, P, false> rows{y};
+  BlockReduce reduce;
+  uint64_t row = blockIdx.x;
+  auto raw = rows.load(ctx.cols, row);
+  for (;;) {
+    const uint64_t next = row + gridDim.x;
+    const bool more = next < tokens;
+    const auto raw_ahead = rows.load(ctx.cols, more ? next : row);
+    float v[P][Lanes<T>::kCount];
+    rows.sum(raw, v);
+    quantize_row<T, P, Q>(v, ctx.cols, row, a, ctx.groups, reduce);
+    if (!more) break;
+    row = next;
+    raw = raw_ahead;
   }
 }
 
 }  // namespace pyar
 
 // Facts the host reads with hipModuleGetGlobal: the largest hidden size, the
-// threads per block, the MX block size and the FNUZ flag of `quant`.
+// most threads of a row block, the MX block size and the FNUZ flag of `quant`.
 extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
-    pyar::kMaxHidden, pyar::kThreads, pyar::kMxBlock, pyar::kFnuzFlag};
+    pyar::kMaxHidden, pyar::kMaxRowThreads, pyar::kMxBlock, pyar::kFnuzFlag};
 
 #define PYAR_ROW_ARGS                                                                        \
   pyar::RowArgs {                                                                           \
@@ -376,42 +576,61 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
       pyar::Pack16 *y, uint8_t *q, void *scales, uint32_t hidden, float eps, uint32_t quant, \
       uint32_t group
 
-#define PYAR_FUSED_ENTRY(algo, name, T, W)                                                   \
-  extern "C" __global__ void __launch_bounds__(pyar::kThreads)                              \
-      pyar_allreduce_rmsnorm_##algo##_##name##_w##W(                                        \
+// Entry names: <kernel>_<dtype>_<quant kind>_p<packs per thread>[_w<world>].
+#define PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, W)                                       \
+  extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
+      pyar_allreduce_rmsnorm_##algo##_##name##_##kind##_p##P##_w##W(                        \
           const pyar::InputTable *in, uint64_t in_offset, uint64_t tokens, PYAR_ROW_PARAMS,  \
           const pyar::CommState *state, uint64_t timeout_ns, uint32_t call) {               \
-    pyar::algo<T, W>(in, in_offset, tokens, PYAR_ROW_ARGS, state,                           \
-                     pyar::CallInfo{timeout_ns, call});                                     \
+    pyar::algo<T, P, Q, W>(in, in_offset, tokens, PYAR_ROW_ARGS, state,                     \
+                           pyar::CallInfo{timeout_ns, call});                               \
   }
 
-#define PYAR_FUSED_WORLDS(algo, name, T) \
-  PYAR_FUSED_ENTRY(algo, name, T, 2)     \
-  PYAR_FUSED_ENTRY(algo, name, T, 3)     \
-  PYAR_FUSED_ENTRY(algo, name, T, 4)     \
-  PYAR_FUSED_ENTRY(algo, name, T, 5)     \
-  PYAR_FUSED_ENTRY(algo, name, T, 6)     \
-  PYAR_FUSED_ENTRY(algo, name, T, 7)     \
-  PYAR_FUSED_ENTRY(algo, name, T, 8)
+#define PYAR_FUSED_WORLDS(algo, name, T, kind, Q, P) \
+  PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 2)     \
+  PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 3)     \
+  PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 4)     \
+  PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 5)     \
+  PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 6)     \
+  PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 7)     \
+  PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 8)
 
-#define PYAR_LOCAL_ENTRIES(name, T)                                                          \
-  extern "C" __global__ void __launch_bounds__(pyar::kThreads) pyar_add_rmsnorm_##name(     \
-      const pyar::Pack16 *x, uint64_t tokens, PYAR_ROW_PARAMS) {                            \
-    pyar::add_rmsnorm<T>(x, tokens, PYAR_ROW_ARGS);                                         \
-  }                                                                                         \
-  extern "C" __global__ void __launch_bounds__(pyar::kThreads) pyar_quantize_##name(        \
-      const pyar::Pack16 *y, uint64_t tokens, uint32_t hidden, uint8_t *q, void *scales,    \
-      uint32_t quant, uint32_t group) {                                                     \
-    pyar::quantize<T>(y, tokens,                                                            \
-                      pyar::RowArgs{nullptr, nullptr, nullptr, nullptr, q, scales, hidden,  \
-                                    0.f, quant, group});                                    \
+#define PYAR_LOCAL_ENTRIES(name, T, kind, Q, P)                                              \
+  extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
+      pyar_add_rmsnorm_##name##_##kind##_p##P(const pyar::Pack16 *x, uint64_t tokens,       \
+                                              PYAR_ROW_PARAMS) {                            \
+    pyar::add_rmsnorm<T, P, Q>(x, tokens, PYAR_ROW_ARGS);                                   \
   }
 
-#define PYAR_FUSED_TYPES(name, T)      \
-  PYAR_FUSED_WORLDS(one_stage, name, T) \
-  PYAR_FUSED_WORLDS(two_stage, name, T) \
-  PYAR_LOCAL_ENTRIES(name, T)
+#define PYAR_QUANTIZE_ENTRY(name, T, kind, Q, P)                                             \
+  extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
+      pyar_quantize_##name##_##kind##_p##P(const pyar::Pack16 *y, uint64_t tokens,          \
+                                           uint32_t hidden, uint8_t *q, void *scales,       \
+                                           uint32_t quant, uint32_t group) {                \
+    pyar::quantize<T, P, Q>(y, tokens,                                                      \
+                            pyar::RowArgs{nullptr, nullptr, nullptr, nullptr, q, scales,    \
+                                          hidden, 0.f, quant, group});                      \
+  }
 
-PYAR_FUSED_TYPES(f32, float)
-PYAR_FUSED_TYPES(f16, __half)
-PYAR_FUSED_TYPES(bf16, pyar::bf16_bits)
+#define PYAR_ROW_KERNELS(name, T, kind, Q, P)          \
+  PYAR_FUSED_WORLDS(one_stage, name, T, kind, Q, P)    \
+  PYAR_FUSED_WORLDS(two_stage, name, T, kind, Q, P)    \
+  PYAR_LOCAL_ENTRIES(name, T, kind, Q, P)
+
+#define PYAR_ROW_KINDS(name, T, P)                         \
+  PYAR_ROW_KERNELS(name, T, plain, pyar::kNoQuant, P)      \
+  PYAR_ROW_KERNELS(name, T, fp8, pyar::kFp8, P)            \
+  PYAR_ROW_KERNELS(name, T, mxfp4, pyar::kMxfp4, P)        \
+  PYAR_QUANTIZE_ENTRY(name, T, fp8, pyar::kFp8, P)         \
+  PYAR_QUANTIZE_ENTRY(name, T, mxfp4, pyar::kMxfp4, P)
+
+// Packs per thread: the host picks the fewest that keep a row within
+// kMaxRowThreads threads, so 16-bit rows up to kMaxHidden need 1 or 2 and
+// float32 rows 1, 2 or 4.
+PYAR_ROW_KINDS(f32, float, 1)
+PYAR_ROW_KINDS(f32, float, 2)
+PYAR_ROW_KINDS(f32, float, 4)
+PYAR_ROW_KINDS(f16, __half, 1)
+PYAR_ROW_KINDS(f16, __half, 2)
+PYAR_ROW_KINDS(bf16, pyar::bf16_bits, 1)
+PYAR_ROW_KINDS(bf16, pyar::bf16_bits, 2)

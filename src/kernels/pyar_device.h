@@ -73,6 +73,12 @@ PYAR_DEVICE void sync_block_before_release() {
   __syncthreads();
 }
 
+// Orders this thread's earlier stores, to any GPU's memory, before its later
+// ones for every observer in the system.  A barrier's release store orders
+// only what its own thread did (and on AMD waits only for its own wave's
+// stores), so threads that stored into a peer's memory fence before it.
+PYAR_DEVICE void fence_system() { __threadfence_system(); }
+
 // Host-visible error words: written once, read by the host after the kernel.
 PYAR_DEVICE void store_volatile(uint32_t *word, uint32_t value) {
   *reinterpret_cast<volatile uint32_t *>(word) = value;

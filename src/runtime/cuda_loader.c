@@ -81,6 +81,7 @@ static const char *const cuda_libraries[] = {"libcuda.so.1", "libcuda.so", NULL}
      unsigned int, unsigned int, hipStream_t, void **, void **))                         \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor,                                         \
     "cuOccupancyMaxActiveBlocksPerMultiprocessor", (int *, hipFunction_t, int, size_t))  \
+  X(cuFuncGetAttribute, "cuFuncGetAttribute", (int *, int, hipFunction_t))               \
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle", (hipIpcMemHandle_t *, CUdeviceptr))          \
   X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2",                                         \
     (CUdeviceptr *, hipIpcMemHandle_t, unsigned int))                                    \
@@ -329,6 +330,10 @@ static hipError_t cuda_launch(hipFunction_t function, unsigned int gx, unsigned 
 static hipError_t cuda_occupancy(int *blocks, hipFunction_t function, int block_size, size_t shared) {
   WITH_CONTEXT(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, function, block_size, shared));
 }
+static hipError_t cuda_function_attribute(int *value, hipFunction_attribute attribute,
+                                          hipFunction_t function) {
+  WITH_CONTEXT(cu.cuFuncGetAttribute(value, attribute, function));
+}
 static hipError_t cuda_ipc_get(hipIpcMemHandle_t *handle, void *ptr) {
   WITH_CONTEXT(cu.cuIpcGetMemHandle(handle, (CUdeviceptr)ptr));
 }
@@ -440,6 +445,7 @@ int pyar_load_cuda(pyar_runtime *rt, char *error, size_t error_size) {
   rt->hipModuleGetGlobal = cuda_module_global;
   rt->hipModuleLaunchKernel = cuda_launch;
   rt->hipModuleOccupancyMaxActiveBlocksPerMultiprocessor = cuda_occupancy;
+  rt->hipFuncGetAttribute = cuda_function_attribute;
   rt->hipIpcGetMemHandle = cuda_ipc_get;
   rt->hipIpcOpenMemHandle = cuda_ipc_open;
   rt->hipIpcCloseMemHandle = cuda_ipc_close;

@@ -42,7 +42,8 @@
   X(hipPointer_attribute)                                                      \
   X(hipStreamCaptureMode)                                                      \
   X(hipStreamCaptureStatus)                                                    \
-  X(hipMemPoolAttr)
+  X(hipMemPoolAttr)                                                            \
+  X(hipFunction_attribute)
 
 #define PYAR_TYPE_NAME(type) #type,
 #define PYAR_TYPE_SIZE(type) sizeof(type),
@@ -109,6 +110,8 @@ PYAR_CHECK_CONSTANT(hipStreamCaptureStatusActive)
 PYAR_CHECK_CONSTANT(hipStreamCaptureStatusInvalidated)
 PYAR_CHECK_CONSTANT(HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
 PYAR_CHECK_CONSTANT(hipMemPoolAttrReleaseThreshold)
+PYAR_CHECK_CONSTANT(HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+PYAR_CHECK_CONSTANT(HIP_FUNC_ATTRIBUTE_NUM_REGS)
 
 /* hip_abi.h: device attributes */
 PYAR_CHECK_CONSTANT(hipDeviceAttributeMultiprocessorCount)

@@ -62,6 +62,7 @@
      unsigned int, unsigned int, unsigned int, hipStream_t, void **, void **)) \
   X(hipError_t, hipModuleOccupancyMaxActiveBlocksPerMultiprocessor,            \
     (int *, hipFunction_t, int, size_t))                                       \
+  X(hipError_t, hipFuncGetAttribute, (int *, hipFunction_attribute, hipFunction_t)) \
   X(hipError_t, hipIpcGetMemHandle, (hipIpcMemHandle_t *, void *))             \
   X(hipError_t, hipIpcOpenMemHandle,                                           \
     (void **, hipIpcMemHandle_t, unsigned int))                                \

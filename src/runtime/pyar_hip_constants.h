@@ -34,5 +34,8 @@
 
 /* The stream-ordered pool keeps up to this many freed bytes for reuse. */
 #define PYAR_hipMemPoolAttrReleaseThreshold 4
+/* A kernel's resources (the CUDA driver API's CU_FUNC_ATTRIBUTE_* too). */
+#define PYAR_HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES 3
+#define PYAR_HIP_FUNC_ATTRIBUTE_NUM_REGS 4
 
 #endif

@@ -27,5 +27,6 @@ typedef int hipPointer_attribute;
 typedef int hipStreamCaptureMode;
 typedef int hipStreamCaptureStatus;
 typedef int hipMemPoolAttr;
+typedef int hipFunction_attribute;
 
 #endif

@@ -32,6 +32,18 @@ def test_fused_random(world):
     assert bad["raised"] == bad["cases"], bad
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_unfused_path_matches_the_fused_kernels(world):
+    """algo="unfused": pyar's all-reduce, then the single-GPU add + RMSNorm
+    (+ quantization) kernel; 3 dtypes, 3 shapes, every output kind, with and
+    without out: within the float64 reference's bounds on every rank and
+    bitwise the two-stage kernel's outputs."""
+    row = rows_of(scenario("rmsnorm_fused", world, "unfused", timeout=420), "fused-unfused")[0]
+    assert row["calls"] == 3 * 3 * 7 * 2, row
+    assert row["mismatches"] == 0, row
+    assert row["variant_differences"] == 0, row
+
+
 @pytest.mark.parametrize("wrap", [False, True], ids=["epochs-from-zero", "across-epoch-wrap"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_fused_adversarial_write_after_read(world, wrap):

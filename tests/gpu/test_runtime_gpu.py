@@ -274,6 +274,20 @@ def test_occupancy(kernels):
     assert function.max_active_blocks_per_multiprocessor(1024) <= blocks
 
 
+def test_function_resources(kernels):
+    """Registers and local (spill/stack) bytes of loaded kernels: a trivial
+    kernel uses a few registers and no local memory; a row kernel of
+    allreduce_rmsnorm.cu, bounded to 1024-thread blocks, fits the 64
+    registers a thread such a block has on NVIDIA."""
+    empty = kernels.module.get_function("pyar_test_empty").resources
+    assert empty["local_bytes"] == 0 and 0 <= empty["registers"] <= 32, empty
+    row = _kernels.load("allreduce_rmsnorm").get_function("pyar_add_rmsnorm_bf16_plain_p1")
+    got = row.resources
+    assert got["registers"] > empty["registers"], got
+    if hip.platform() == "cuda":
+        assert got["registers"] <= 64, got
+
+
 def test_module_from_file(rng):
     path = _kernels.path("test_kernels")
     assert path.endswith(".fatbin" if hip.platform() == "cuda" else ".hsaco")

@@ -12,6 +12,9 @@ Modes:
                 after dequantization within the format's rounding and scales
                 exactly; outputs bitwise identical across ranks and between
                 the two variants.  Then bad input raises on every rank.
+  unfused       algo="unfused" (the steps as separate kernels, what "auto"
+                runs past the fused crossover) against the reference and
+                bitwise against the two-stage kernel, with and without out.
   adversarial   The seeds' bug provoked for each variant, like
                 allreduce_adversarial.py: rounds of K calls queued with no host
                 sync, every caller overwrites its input with NaN right after
@@ -162,6 +165,19 @@ def group_size(hidden):
     return 128 if hidden % 128 == 0 else 64
 
 
+def random_inputs(sc, dtype, tokens, hidden, key, stream):
+    """Every rank's x drawn from ``key`` (this rank's on the GPU), their
+    float64 sum and sum of magnitudes, a residual and a weight (host and GPU)."""
+    xs = [normal(dtype, tokens * hidden, *key, r).reshape(tokens, hidden)
+          for r in range(sc.world)]
+    s64 = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    abs_sum = np.sum([np.abs(x.astype(np.float64)) for x in xs], axis=0)
+    residual = normal(dtype, tokens * hidden, *key, 99).reshape(tokens, hidden)
+    weight = (1 + 0.5 * normal(np.float32, hidden, *key, 98)).astype(dtype)
+    return (s64, abs_sum, residual, weight, pyar.asarray(xs[sc.rank], stream=stream),
+            pyar.asarray(weight, stream=stream))
+
+
 def random_mode(sc):
     comm, _, (stream, _) = setup(sc, max_size=1 << 20)
     check = Checker(sc)
@@ -170,16 +186,8 @@ def random_mode(sc):
     keep = []
     for d, dtype in enumerate(DTYPES):
         for shape_index, (tokens, hidden) in enumerate(RANDOM_SHAPES):
-            key = (d, shape_index)
-            xs = [normal(dtype, tokens * hidden, *key, r).reshape(tokens, hidden)
-                  for r in range(sc.world)]
-            s64 = np.sum([x.astype(np.float64) for x in xs], axis=0)
-            abs_sum = np.sum([np.abs(x.astype(np.float64)) for x in xs], axis=0)
-            residual = normal(dtype, tokens * hidden, *key, 99).reshape(tokens, hidden)
-            weight = (1 + 0.5 * normal(np.float32, hidden, *key, 98)).astype(dtype)
-            x_dev = pyar.asarray(xs[sc.rank], stream=stream)
-            del xs
-            w_dev = pyar.asarray(weight, stream=stream)
+            s64, abs_sum, residual, weight, x_dev, w_dev = random_inputs(
+                sc, dtype, tokens, hidden, (d, shape_index), stream)
             for ki, kind in enumerate(KINDS):
                 registered = ki % 2 == 1
                 if registered:
@@ -593,10 +601,58 @@ def _views(static, tokens, hidden, kind):
     return view
 
 
+# --- unfused -----------------------------------------------------------------------
+
+UNFUSED_SHAPES = [(7, 2880), (300, 4096), (3, 16384)]
+
+
+def unfused_mode(sc):
+    """algo="unfused" (what "auto" runs past the fused crossover): the
+    all-reduce, then the single-GPU add + RMSNorm (+ quantization) kernel;
+    its outputs within the float64 reference's bounds and bitwise those of
+    the fused two-stage kernel, with out and with only a quantized output."""
+    comm, _, (stream, _) = setup(sc, max_size=1 << 20)
+    check = Checker(sc)
+    calls = differences = 0
+    for d, dtype in enumerate(DTYPES):
+        for shape_index, (tokens, hidden) in enumerate(UNFUSED_SHAPES):
+            s64, abs_sum, residual, weight, x_dev, w_dev = random_inputs(
+                sc, dtype, tokens, hidden, (d, shape_index, 7), stream)
+            for kind in KINDS:
+                for with_out in (True, False) if kind else (True,):
+                    hashes = {}
+                    for algo in ("twostage", "unfused"):
+                        res_dev = pyar.asarray(residual, stream=stream)
+                        got = comm.allreduce_rmsnorm(
+                            x_dev, res_dev, w_dev, EPS,
+                            out=pyar.empty((tokens, hidden), dtype, stream=stream)
+                            if with_out else None,
+                            residual_out=pyar.empty_like(res_dev), stream=stream, quant=kind,
+                            algo=algo, group_size=group_size(hidden),
+                            fp8_dtype=None if kind is None or kind == "mxfp4" else FP8)
+                        comm.synchronize(stream)
+                        y, r = host(got.out, stream), host(got.residual_out, stream)
+                        q, scales = host(got.quantized, stream), host(got.scales, stream)
+                        what = f"{dtype.name} {tokens}x{hidden} {kind} {algo} out={with_out}"
+                        group = group_size(hidden) if kind == "fp8_per_group" else None
+                        check.outputs(what, dtype, s64, abs_sum, residual, weight, y, r, kind,
+                                      q, scales, group)
+                        hashes[algo] = digest(y, r, q, scales)
+                        calls += 1
+                    if hashes["twostage"] != hashes["unfused"]:
+                        differences += 1
+                        check.fail(what, "unfused outputs differ from the two-stage kernel's")
+    sc.report(test="fused-unfused", calls=calls, mismatches=sc.sum(check.failed),
+              variant_differences=sc.sum(differences))
+    comm.close()
+
+
 def main(sc):
     mode = sc.argv[0] if sc.argv else "random"
     if mode == "random":
         random_mode(sc)
+    elif mode == "unfused":
+        unfused_mode(sc)
     elif mode in ("adversarial", "wrap"):
         adversarial_mode(sc, wrap=mode == "wrap")
     elif mode in ("control", "control-start"):
@@ -604,8 +660,8 @@ def main(sc):
     elif mode == "serve":
         serve_mode(sc)
     else:
-        raise SystemExit(f"unknown mode {mode!r}: random | adversarial | wrap | control PATH | "
-                         "control-start PATH | serve")
+        raise SystemExit(f"unknown mode {mode!r}: random | unfused | adversarial | wrap | "
+                         "control PATH | control-start PATH | serve")
 
 
 if __name__ == "__main__":

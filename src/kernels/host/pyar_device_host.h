@@ -75,6 +75,10 @@ PYAR_DEVICE void store_release_system(uint32_t *flag, uint32_t value) {
 // fiber switch of __syncthreads orders them (the GPU adds a wait on AMD).
 PYAR_DEVICE void sync_block_before_release() { __syncthreads(); }
 
+// Stores into peers' memory precede the barrier's release: on the host the
+// block's lanes are one OS thread, whose program order already gives it.
+PYAR_DEVICE void fence_system() {}
+
 PYAR_DEVICE uint32_t load_acquire_system(const uint32_t *flag) {
   host::yield_lane();  // only spins load flags: let the block's other lanes run
   return std::atomic_ref<uint32_t>(*const_cast<uint32_t *>(flag)).load(std::memory_order_acquire);
