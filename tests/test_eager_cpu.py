@@ -9,6 +9,7 @@ recording LaunchSequence stand-in (``_sequence_type``), whose ``run`` calls
 are the replays.  Arrays are ``DeviceArray.from_pointer`` on made-up
 addresses with ``device`` given (no GPU call).
 """
+import contextlib
 import ctypes
 import sys
 import types
@@ -55,9 +56,15 @@ class Sequence:
         self.runs.append((stream, first_call, out))
 
 
+def node_stand_in():
+    """What the per-call path reads of the node communicator (pyar.comm.bounded)."""
+    return types.SimpleNamespace(failure=None, step=lambda name: contextlib.nullcontext())
+
+
 @pytest.fixture
 def comm(monkeypatch):
     c = communicator.Communicator.__new__(communicator.Communicator)
+    c._node = node_stand_in()
     c.world, c.rank, c.device, c.max_size = 4, 0, 0, 4096
     c._calls, c._call_log, c._functions = 0, {}, {}
     c._layout = types.SimpleNamespace(threads=512)
@@ -156,6 +163,8 @@ def test_bad_input_still_raises_the_checks_errors(comm):
         comm.allreduce(np.zeros(1000, F16), out=y)
     with pytest.raises(ValueError, match="algo"):
         comm.allreduce(x, out=y, algo="threeshot")
+    with pytest.raises(ValueError, match="algo"):  # not a key: the checks say why
+        comm.allreduce(x, out=y, algo=["oneshot"])
 
 
 def test_a_freed_array_is_checked_again(comm):
@@ -221,7 +230,6 @@ def test_debug_checks_every_call(comm, monkeypatch):
                         lambda node, f, *a: f(*a))
     monkeypatch.setattr(communicator.exchange, "check_agreement",
                         lambda node, what, value: agreed.append(value))
-    comm._node = None
     comm.debug = True
     x, y = array(X), array(Y)
     for _ in range(3):
@@ -346,6 +354,7 @@ def test_a_foreign_array_takes_the_replay(comm, fake_cupy, monkeypatch):
 def test_fused_calls_replay_and_return_their_arguments(monkeypatch):
     from tests import test_rmsnorm_cpu as fused
     comm = fused._comm(world=2)
+    comm._node = node_stand_in()
     comm._sequence_type = Sequence
     comm._error_words = None
     monkeypatch.setattr(communicator._hip, "memcpy_dtod", lambda *a, **k: None)

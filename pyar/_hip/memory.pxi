@@ -88,14 +88,32 @@ cdef class DeviceMemory:
 # threshold, and whether this runtime/device offers the pool at all.
 cdef set _configured_pools = set()
 cdef bint _pool_unsupported = False
-# Bytes a pool keeps for reuse when freed memory is not asked back; by
-# default all of it, like the caching allocators of CuPy and PyTorch.
-_RELEASE_THRESHOLD = int(os.environ.get("PYAR_POOL_RELEASE_THRESHOLD", (1 << 64) - 1))
+# Bytes the device's default pool keeps for reuse when freed memory is not
+# asked back.  Finite: CuPy, PyTorch and JAX allocate from the same device,
+# and a pool that never gives memory back would starve them.
+DEFAULT_RELEASE_THRESHOLD = 1 << 30
+# Frees whose stream was capturing a graph when the array went away (a free
+# there would be recorded into the graph): (pointer, stream, device), done
+# once the capture has ended.
+cdef list _frees_after_capture = []
 
 
-cdef hipError_t configure_pool(int device) noexcept:
+def _release_threshold():
+    text = os.environ.get("PYAR_POOL_RELEASE_THRESHOLD", "")
+    if not text.strip():
+        return DEFAULT_RELEASE_THRESHOLD
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < (1 << 64):
+        raise ValueError(f"PYAR_POOL_RELEASE_THRESHOLD must be a byte count in [0, 2**64), "
+                         f"got {text!r}")
+    return value
+
+
+cdef hipError_t configure_pool(int device, uint64_t threshold) noexcept:
     cdef hipMemPool_t pool = NULL
-    cdef uint64_t threshold = _RELEASE_THRESHOLD
     cdef hipError_t status = pyar_rt.hipDeviceGetDefaultMemPool(&pool, device)
     if status == PYAR_hipSuccess:
         status = pyar_rt.hipMemPoolSetAttribute(pool, PYAR_hipMemPoolAttrReleaseThreshold,
@@ -140,10 +158,13 @@ cdef class PoolMemory:
         if self._stream is None or self._stream._closed:
             # No stream orders the memory's work (it may have been used on any
             # stream), or its stream is gone: wait for the device, as hipFree does.
-            pyar_rt.hipDeviceSynchronize()
-            pyar_rt.hipFreeAsync(ptr, NULL)
+            free_on(ptr, NULL, self.device, True)
+        elif stream_capturing(self._stream._handle):
+            _frees_after_capture.append((<uintptr_t>ptr, self._stream, self.device))
         else:
-            pyar_rt.hipFreeAsync(ptr, self._stream._handle)
+            free_on(ptr, self._stream._handle, self.device, False)
+        if _frees_after_capture:
+            free_after_capture()
 
     def free(self):
         """Give the memory back to the pool, ordered after the work queued on
@@ -166,15 +187,59 @@ cdef class PoolMemory:
         return f"<pyar.PoolMemory {state} on device {self.device}>"
 
 
+cdef bint stream_capturing(hipStream_t handle) noexcept:
+    cdef int status = PYAR_hipStreamCaptureStatusNone
+    if handle == NULL:
+        return False  # the legacy stream never captures
+    return (pyar_rt.hipStreamIsCapturing(handle, &status) == PYAR_hipSuccess
+            and status != PYAR_hipStreamCaptureStatusNone)
+
+
+cdef void free_on(void* ptr, hipStream_t handle, int device, bint wait) noexcept:
+    """hipFreeAsync on ``device`` (the memory's, not necessarily the current one)."""
+    cdef int current = device
+    pyar_rt.hipGetDevice(&current)
+    if current != device:
+        pyar_rt.hipSetDevice(device)
+    if wait:
+        pyar_rt.hipDeviceSynchronize()
+    pyar_rt.hipFreeAsync(ptr, handle)
+    if current != device:
+        pyar_rt.hipSetDevice(current)
+
+
+cdef void free_after_capture() noexcept:
+    cdef Stream stream
+    cdef list waiting = []
+    for entry in _frees_after_capture:
+        stream = entry[1]
+        if stream._closed:
+            free_on(<void*><uintptr_t>entry[0], NULL, entry[2], True)
+        elif stream_capturing(stream._handle):
+            waiting.append(entry)
+        else:
+            free_on(<void*><uintptr_t>entry[0], stream._handle, entry[2], False)
+    _frees_after_capture[:] = waiting
+
+
 def stream_ordered_memory(size, stream=None):
     """``size`` bytes on the current device, allocated in stream order on
     ``stream``: a PoolMemory, or a DeviceMemory where the runtime or device
-    has no stream-ordered pool."""
+    has no stream-ordered pool.  ``stream=None``: the memory may be used on
+    any stream, so freeing it waits for the device; ``Stream.null()`` orders
+    it on the legacy stream instead.  Refused on a stream that is capturing
+    a graph (the allocation would belong to the graph)."""
     global _pool_unsupported
     cdef size_t nbytes = checked_size(size, "size")
     cdef PoolMemory memory
     cdef Stream owner = None if stream is None else as_stream(stream)
     cdef hipStream_t handle = NULL if owner is None else owner.checked_handle()
+    if stream_capturing(handle):
+        raise RuntimeError("cannot allocate on a stream that is capturing a graph (the memory "
+                           "would belong to the graph): allocate before the capture and pass "
+                           "out=")
+    if _frees_after_capture:
+        free_after_capture()
     cdef void* ptr = NULL
     cdef int device = 0
     cdef hipError_t status
@@ -186,7 +251,7 @@ def stream_ordered_memory(size, stream=None):
         if device not in _configured_pools:
             # A device or runtime without a usable default pool (old drivers,
             # some virtualized or shared setups) says so here: use hipMalloc.
-            if configure_pool(device) != PYAR_hipSuccess:
+            if configure_pool(device, _release_threshold()) != PYAR_hipSuccess:
                 pyar_rt.hipGetLastError()
                 _pool_unsupported = True
                 return DeviceMemory(nbytes)
@@ -201,7 +266,7 @@ def stream_ordered_memory(size, stream=None):
     memory.ptr = <uintptr_t>ptr
     memory.size = nbytes
     memory.device = device
-    memory._stream = None if owner is None or owner._handle == NULL else owner
+    memory._stream = owner
     memory._owned = True
     return memory
 

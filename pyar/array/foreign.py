@@ -14,7 +14,10 @@ changed object) answers None and takes the full path.
 import sys
 import weakref
 
+from pyar._hip import DeviceMemory, PoolMemory
+
 LIMIT = 1024  # entries before the cache starts over
+_COPIES = (DeviceMemory, PoolMemory)  # owners of a view that asarray copied into
 
 
 def _torch_probe(obj):
@@ -49,8 +52,8 @@ class ForeignViews:
     def remember(self, obj, view):
         """Note the view ``asarray(obj)`` made; ignored for other libraries."""
         library = _library(obj)
-        if library is None or view._device is None:
-            return
+        if library is None or view._device is None or isinstance(view._owner, _COPIES):
+            return  # a copy of host data must be made again on every call
         try:
             ref = weakref.ref(obj)
         except TypeError:
@@ -67,7 +70,10 @@ class ForeignViews:
         if entry is None or entry[0]() is not obj:
             return None
         probe, current_stream = entry[1]
-        if probe(obj) != entry[2] or current_stream(obj) != stream_handle:
+        try:
+            if probe(obj) != entry[2] or current_stream(obj) != stream_handle:
+                return None
+        except Exception:  # noqa: BLE001 - the checked path reports what is wrong
             return None
         return entry[3:]
 

@@ -26,8 +26,8 @@ from libc.stdint cimport uint32_t, uintptr_t
 DEF CALL_LOG = 4096  # replayed calls remembered for timeout reports
 
 from pyar._hip import (
-    DeviceMemory, IpcMapping, LaunchSequence, PoolMemory, Stream, stream_is_capturing,
-    stream_ordered_memory,
+    DeviceMemory, IpcMapping, LaunchSequence, PoolMemory, Stream, as_stream,
+    stream_is_capturing, stream_ordered_memory,
 )
 from pyar.array import DeviceArray
 from pyar.array.foreign import ForeignViews
@@ -54,6 +54,17 @@ cdef class Plan:
         self.fresh = fresh
         self.out_dtype = out_dtype
         self.returns = returns
+
+
+cdef tuple typed(tuple scalars):
+    """The scalar arguments as plan-key parts, each with its type (128 and
+    128.0, or 1 and True, were checked differently), or None when one cannot
+    be a key: such a call takes the checked path, which says what is wrong."""
+    try:
+        hash(scalars)
+    except TypeError:
+        return None
+    return tuple([(type(v), v) for v in scalars])
 
 
 cdef inline object stream_key(stream):
@@ -179,6 +190,9 @@ cdef class EagerCalls:
         h = self._replay_handle(stream)
         if h is None:
             return None
+        rest = typed(rest)
+        if rest is None:
+            return None
         ids = [kind, h, rest]
         for a in arrays:
             ids.append(id(a))
@@ -230,7 +244,7 @@ cdef class EagerCalls:
             if handle and type(stream) is not Stream:
                 return None
             shape, dtype, nbytes = plan.fresh
-            memory = stream_ordered_memory(nbytes, stream)
+            memory = stream_ordered_memory(nbytes, as_stream(stream))  # as Communicator._output
             result = DeviceArray._make(memory.ptr, shape, dtype, memory, memory.device,
                                        stream if handle else None, False)
             self._run(plan, handle, memory.ptr)
@@ -268,6 +282,9 @@ cdef class EagerCalls:
         if h is None:
             return
         handle = h
+        rest = typed(rest)
+        if rest is None:
+            return
         key = self._key(kind, arrays, rest, handle)
         if key is None:
             return

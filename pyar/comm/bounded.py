@@ -53,12 +53,12 @@ def _agree_in_time(comm, finished, deadline):
     vote = np.array([finished], dtype=np.bool_)
     everyone = np.zeros(1, dtype=np.bool_)
     request = comm.Iallreduce(vote, everyone, op=MPI.LAND)
-    if not finished:
-        _ABANDONED.append((request, vote, everyone))
-        return False
     # Every rank posted the vote right after its own step: this wait is short
     # unless a rank died in between.
-    return _completes(request, deadline) and bool(everyone[0])
+    if finished and _completes(request, deadline):
+        return bool(everyone[0])
+    _ABANDONED.append((request, vote, everyone))  # MPI may still write `everyone`
+    return False
 
 
 def arrive(comm, step, timeout):

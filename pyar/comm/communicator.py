@@ -307,7 +307,9 @@ class Communicator(_eager.EagerCalls):
 
     def _output(self, x, out, stream):
         if out is None:
-            return empty(x.shape, x.dtype, stream=stream)
+            # Ordered on the call's stream, the null stream included: dropping
+            # the result frees it there, without waiting for the device.
+            return empty(x.shape, x.dtype, stream=_hip.as_stream(stream))
         out = self._device_array(out, "out")
         if out.shape != x.shape or out.dtype != x.dtype:
             raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected "

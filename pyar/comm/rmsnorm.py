@@ -187,7 +187,7 @@ def _overlaps(a, b):
 
 def _output(given, what, shape, dtype, stream, device):
     if given is None:
-        return empty(shape, dtype, stream=stream)
+        return empty(shape, dtype, stream=_hip.as_stream(stream))  # see Communicator._output
     given = _device_array(given, what, device)
     if given.shape != shape or given.dtype != dtype:
         raise ValueError(f"{what} has shape {given.shape} and dtype {given.dtype}; expected "
