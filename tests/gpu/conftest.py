@@ -48,14 +48,19 @@ def _unavailable(reason):
     pytest.skip(reason)
 
 
-def _build_control_kernels(tmp_path_factory, name, defines):
-    """A directory of src/kernels/allreduce.cu and allreduce_rmsnorm.cu built for this GPU
-    with the test-only ``defines``; pass it as Communicator(kernels=...)."""
+# The positive controls' test-only kernel builds: fixture name -> defines.
+CONTROL_BUILDS = {
+    "control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER"),
+    "start_control_kernels": ("PYAR_TEST_SKIP_PHASE=kStart",),
+}
+
+
+def build_controls(out_dir, platform, arch, defines):
+    """src/kernels/allreduce.cu and allreduce_rmsnorm.cu built into ``out_dir``
+    for ``arch`` with the test-only ``defines``."""
     sys.path.insert(0, ROOT)
     import setup_kernels
 
-    platform, arch = _device_platform_and_arch()
-    out_dir = tmp_path_factory.mktemp(name)
     env = None
     if platform == "cuda":
         compiler = setup_kernels.find_nvcc()
@@ -69,18 +74,33 @@ def _build_control_kernels(tmp_path_factory, name, defines):
             _unavailable("hipcc not found: cannot build the positive control's kernels")
         command, suffix = setup_kernels.hipcc_command, ".hsaco"
         env = setup_kernels.hip_environment()
+    os.makedirs(out_dir, exist_ok=True)
     builds = []
     for kernel in ("allreduce", "allreduce_rmsnorm"):
         source = os.path.join(ROOT, "src", "kernels", kernel + ".cu")
-        output = str(out_dir / (kernel + suffix))
+        output = os.path.join(out_dir, kernel + suffix)
         line = command(compiler, source, output, (arch,), defines)
         builds.append((line, output, subprocess.Popen(
             line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)))
     for line, output, process in builds:
-        log, _ = process.communicate(timeout=600)
+        log, _ = process.communicate(timeout=900)
         assert process.returncode == 0, f"{' '.join(line)}\n{log}"
         assert os.path.getsize(output) > 0
     return str(out_dir)
+
+
+def _build_control_kernels(tmp_path_factory, name, defines):
+    """The control build ``name`` for this GPU; pass it as Communicator(kernels=...).
+    ``$PYAR_CONTROL_KERNELS/<name>``, when it holds both code objects, is used
+    as it is: the GPU machine's time is scarce, and these can be built
+    elsewhere from the same sources (``python -m tests.gpu.conftest DIR ARCH``)."""
+    prebuilt = os.path.join(os.environ.get("PYAR_CONTROL_KERNELS", ""), name)
+    if os.environ.get("PYAR_CONTROL_KERNELS") and all(
+            os.path.exists(os.path.join(prebuilt, kernel + ".fatbin"))
+            for kernel in ("allreduce", "allreduce_rmsnorm")):
+        return prebuilt
+    platform, arch = _device_platform_and_arch()
+    return build_controls(str(tmp_path_factory.mktemp(name)), platform, arch, defines)
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +109,7 @@ def kernels_without_exit_barrier(tmp_path_factory):
     (PYAR_TEST_SKIP_EXIT_BARRIER: one-shot and one-stage; PYAR_TEST_SKIP_MID_BARRIER:
     two-stage), once per test session."""
     return _build_control_kernels(tmp_path_factory, "control_kernels",
-                                  ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER"))
+                                  CONTROL_BUILDS["control_kernels"])
 
 
 @pytest.fixture(scope="session")
@@ -97,4 +117,12 @@ def kernels_without_start_barrier(tmp_path_factory):
     """The kernels without the start barrier (PYAR_TEST_SKIP_PHASE=kStart), once per test
     session."""
     return _build_control_kernels(tmp_path_factory, "start_control_kernels",
-                                  ("PYAR_TEST_SKIP_PHASE=kStart",))
+                                  CONTROL_BUILDS["start_control_kernels"])
+
+
+if __name__ == "__main__":
+    # python -m tests.gpu.conftest DIR ARCH: every control build for an NVIDIA ARCH (sm_90)
+    # into DIR/<name>, for PYAR_CONTROL_KERNELS.
+    for control, control_defines in CONTROL_BUILDS.items():
+        print(build_controls(os.path.join(sys.argv[1], control), "cuda", sys.argv[2],
+                             control_defines), flush=True)
