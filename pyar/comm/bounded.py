@@ -1,7 +1,10 @@
 """Host-side collectives that give up: every MPI step of a communicator (its
 construction, register, the exchange at the end of a capture, close, the
-PYAR_DEBUG agreement) is bounded by the communicator's timeout, like the
-kernels' waits.  A rank that never reaches the step makes the others raise
+PYAR_DEBUG agreement) is bounded, like the kernels' waits, by twice the
+communicator's timeout: a peer may legitimately reach the step up to one
+timeout late, after its own wait in a kernel gave up (a rank that skipped a
+call goes on to close() while the others wait out the kernel timeout).
+A rank that never reaches the step makes the others raise
 CollectiveTimeout naming the step and the ranks that did not arrive, instead
 of waiting in MPI forever.
 
@@ -87,7 +90,7 @@ class BoundedComm:
     def __init__(self, comm, timeout, step="a host-side exchange"):
         self._comm = comm
         self._tokens = comm.Dup()  # arrival tokens never meet pyar's or the caller's messages
-        self.timeout = timeout
+        self.timeout = 2 * timeout  # see the module's docstring
         self.failure = None
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()

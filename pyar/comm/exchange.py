@@ -18,7 +18,7 @@ def node_local(comm, timeout=None):
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"expected an mpi4py intra-communicator, not {type(comm).__name__}")
     if timeout is not None:
-        arrive(comm, "pyar.Communicator()", timeout)
+        arrive(comm, "pyar.Communicator()", 2 * timeout)  # as BoundedComm's steps
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     spans_nodes = comm.allreduce(node.Get_size() != comm.Get_size(), op=MPI.LOR)
     if spans_nodes:

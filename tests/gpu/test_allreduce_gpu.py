@@ -150,7 +150,7 @@ def test_timeout_and_debug_mismatch(world):
 def test_host_steps_never_hang(world):
     """A rank that never reaches register, the exchange at the end of a
     capture, register_graph_buffers or close: every other rank raises
-    CollectiveTimeout naming the step and that rank within timeout + 10 s,
+    CollectiveTimeout naming the step and that rank within twice the timeout + 10 s,
     the late rank raises at once when it gets there, close() returns, and a
     new communicator on the same GPU sums exactly."""
     rows = rows_of(scenario("host_step_timeouts", world, timeout=300), "host-step-timeout")
@@ -159,7 +159,7 @@ def test_host_steps_never_hang(world):
     for row in rows:
         assert row["raised"] == world - 1, row
         assert row["late_raised"] == 1, row
-        assert row["timeout"] * 0.9 <= row["elapsed"] < row["timeout"] + 10, row
+        assert 2 * row["timeout"] * 0.9 <= row["elapsed"] < 2 * row["timeout"] + 10, row
 
 
 # --- the API ------------------------------------------------------------------------

@@ -180,8 +180,9 @@ def serve_mode(sc):
               mismatches=sc.sum(wrong))
 
     # Ranks that capture in different orders: a clear error on every rank.
-    a = pyar.empty((4096,), dtype, stream=stream)
-    b = pyar.empty((8192,), dtype, stream=stream)
+    # hipMalloc memory, read in place by the graphs (pool memory would be staged).
+    a = pyar.empty((4096,), dtype, stream=stream, ipc=True)
+    b = pyar.empty((8192,), dtype, stream=stream, ipc=True)
     outs_ab = (pyar.empty_like(a), pyar.empty_like(b))
     first, second = ((a, outs_ab[0]), (b, outs_ab[1]))
     if sc.rank % 2:
