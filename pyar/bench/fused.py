@@ -5,9 +5,10 @@ per token count, eager and replayed from graphs, measured in the same run.
 
 Eager rows also time each fused variant forced (one-stage, two-stage,
 split): the crossovers that ``algorithms.FUSED_ONESTAGE_MAX_BYTES``,
-``FUSED_MAX_BYTES`` and ``FUSED_LARGE`` encode come from them.  On one shared GPU the fused kernel's HBM efficiency is reported: the
-bytes it must move (traffic.fused_shared_gpu_bytes) over its time, against
-the device-to-device copy bandwidth.
+``FUSED_MAX_BYTES`` and ``FUSED_LARGE`` encode come from them.  On one
+shared GPU the fused kernel's HBM efficiency is reported: the bytes it must
+move (traffic.fused_shared_gpu_bytes) over its time, against the
+device-to-device copy bandwidth.
 """
 import numpy as np
 
