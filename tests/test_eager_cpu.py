@@ -351,7 +351,9 @@ def test_a_foreign_array_takes_the_replay(comm, fake_cupy, monkeypatch):
 
 # --- allreduce_rmsnorm --------------------------------------------------------------
 
-def test_fused_calls_replay_and_return_their_arguments(monkeypatch):
+def _fused_call(monkeypatch):
+    """A two-rank communicator of tests/test_rmsnorm_cpu.py compiling plans
+    into Sequence, and one row of 1000 bf16: (comm, x, residual, weight, out)."""
     from tests import test_rmsnorm_cpu as fused
     comm = fused._comm(world=2)
     comm._node = node_stand_in()
@@ -363,6 +365,11 @@ def test_fused_calls_replay_and_return_their_arguments(monkeypatch):
     x, residual = array(X, dtype=bf16).reshape(1, 1000), array(Y, dtype=bf16).reshape(1, 1000)
     weight = array(0x7200_0000_0000, dtype=bf16)
     out = array(0x7300_0000_0000, dtype=bf16).reshape(1, 1000)
+    return comm, x, residual, weight, out
+
+
+def test_fused_calls_replay_and_return_their_arguments(monkeypatch):
+    comm, x, residual, weight, out = _fused_call(monkeypatch)
     first = comm.allreduce_rmsnorm(x, residual, weight, out=out)
     again = comm.allreduce_rmsnorm(x, residual, weight, out=out)
     assert first == again == (out, residual, None, None)
@@ -378,3 +385,25 @@ def test_fused_calls_replay_and_return_their_arguments(monkeypatch):
     comm.allreduce_rmsnorm(x, residual, weight)
     comm.allreduce_rmsnorm(x, residual, weight)
     assert len(Sequence.made) == 2
+
+
+def test_split_replays_both_kernels_numbering_only_the_first(monkeypatch):
+    """Split's plan: per chunk the spinning kernel with its call-number slot,
+    then add_rmsnorm packed as it is (no slot, no call number, no entry in
+    the call log); a replay takes one call number per call."""
+    comm, x, residual, weight, out = _fused_call(monkeypatch)
+    first = comm.allreduce_rmsnorm(x, residual, weight, out=out, algo="split")
+    again = comm.allreduce_rmsnorm(x, residual, weight, out=out, algo="split")
+    assert first == again == (out, residual, None, None)
+    (plan,) = Sequence.made
+    functions = comm._row_kernels.module.functions
+    kernel_a = functions["pyar_allreduce_rmsnorm_split_bf16_p1_w2"]
+    kernel_b = functions["pyar_add_rmsnorm_bf16_plain_p1"]
+    (a_grid, a_block, a_args, _), = kernel_a.launches  # the checked call only
+    (b_grid, b_block, b_args, _), = kernel_b.launches
+    assert [step[0] for step in plan.steps] == ["copy", "kernel", "kernel"]
+    assert plan.steps[1] == ("kernel", kernel_a, a_grid, a_block, (*a_args[:-1], 0), 6, {})
+    assert plan.steps[2] == ("kernel", kernel_b, b_grid, b_block, b_args, None, {})
+    assert plan.runs == [(0, 1, 0)]
+    assert comm._calls == 2
+    assert comm._replayed_call(1) == "allreduce_rmsnorm call 1 (split, 1 x 1000 bfloat16)"

@@ -165,6 +165,24 @@ def _fused_entries(source):
     return names, params
 
 
+def _split_entries(source):
+    """(every split first-kernel name the macros define, its [(C type, name)])."""
+    args, body = _macro(source, "PYAR_SPLIT_ENTRY")
+    assert args == ["name", "T", "P", "W"], args
+    m = re.search(r"void PYAR_SPLIT_BOUNDS ([\w#]+)\((.*?)\) \{", body)
+    assert m, body
+    template, params = m.group(1), _parameters(m.group(2))
+    args, worlds_body = _macro(source, "PYAR_EACH_WORLD")
+    assert args == ["M", "..."], args
+    worlds = re.findall(r"M\(__VA_ARGS__, (\d+)\)", worlds_body)
+    _, kinds_body = _macro(source, "PYAR_ROW_KINDS")
+    # once per (dtype, P)
+    assert "PYAR_EACH_WORLD(PYAR_SPLIT_ENTRY, name, T, P)" in kinds_body
+    names = {_paste(template, name=t, P=str(p), W=w)
+             for t, _, p in _instantiations(source) for w in worlds}
+    return names, params
+
+
 def _local_entries(source):
     """{kernel name: [(C type, name)]} of the single-GPU kernels."""
     entries = {}
@@ -341,6 +359,58 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
             assert argtypes == kinds, (name, argtypes)
             asked.add(name)
     assert asked == names
+
+
+def test_split_entry_parameters_are_the_split_types(source):
+    _, params = _split_entries(source)
+    assert [name for _, name in params] == [
+        "in", "in_offset", "tokens", "hidden", "state", "timeout_ns", "call"]
+    assert tuple(_kind(ctype) for ctype, _ in params) == rmsnorm.SPLIT_TYPES
+
+
+def test_host_asks_for_exactly_the_split_entries_the_source_defines(source):
+    """Split's first kernel: one per (dtype, packs per thread, world), the
+    same for every quantization kind (the second kernel, add_rmsnorm, has it)."""
+    names, params = _split_entries(source)
+    assert len(names) == 7 * 7, sorted(names)  # (p1, p2, p4 float32; p1, p2 16-bit) x 7
+    kinds = tuple(_kind(ctype) for ctype, _ in params)
+    asked = set()
+    for world in range(2, 9):
+        comm = _comm(world)
+        for dtype in communicator._KERNEL_TYPES:
+            for per_thread in LAYOUT.packs_per_thread_choices(dtype.itemsize):
+                first = comm._fused_function(algorithms.SPLIT, dtype, 0, per_thread)
+                for code in rmsnorm.KERNEL_KINDS:
+                    assert comm._fused_function(algorithms.SPLIT, dtype, code, per_thread) \
+                        is first
+                    assert comm._fused_function(algorithms.SPLIT, dtype,
+                                                code | LAYOUT.fnuz_flag, per_thread) is first
+        requests = comm._row_kernels.module.requests
+        assert len(requests) == 7, requests
+        for name, argtypes in requests:
+            assert name in names and name.endswith(f"_w{world}"), name
+            assert argtypes == kinds, (name, argtypes)
+            asked.add(name)
+    assert asked == names
+
+
+def test_split_first_kernel_is_two_stage_cut_at_mid(source):
+    """Kernel A runs two-stage's phase 1 (the same reduce_scatter_rows, so
+    the same sums) and its `mid` barrier through mid_barrier (the control
+    build's PYAR_TEST_SKIP_MID_BARRIER removes it), then returns: no rows
+    normed, no exit barrier, and the written proof of why none is needed."""
+    body = re.search(r"PYAR_DEVICE void split_reduce\(.*?\n\}\n", source, re.S).group(0)
+    assert "reduce_scatter_rows<T, P, W>(src, gather, tokens" in body
+    assert body.index("reduce_scatter_rows") < body.index("fence_system()") < body.index(
+        "mid_barrier<W>(s, epoch, info)")
+    assert "norm_rows" not in body and "exit_barrier" not in body
+    proof = source[:source.index("PYAR_DEVICE void split_reduce(")]
+    proof = proof[proof.rindex("// Kernel A of split"):]
+    for fact in ("No exit barrier (rule 1)", "before `mid`", "stream order",
+                 "only p's own memory"):
+        assert fact in proof, fact
+    two_stage = re.search(r"PYAR_DEVICE void two_stage\(.*?\n\}\n", source, re.S).group(0)
+    assert "mid_barrier<W>(s, epoch, info)" in two_stage
 
 
 def test_packs_per_thread_choices_are_the_instantiated_ones(source):
@@ -523,6 +593,10 @@ def test_quant_codes_are_the_kernels(source):
     assert max(codes.values()) <= 0xF
 
 
+# The variants whose kernels spin on peers (a block cap each).
+SPINNING = algorithms.FUSED_VARIANTS + (algorithms.SPLIT,)
+
+
 def _comm(world, max_size=1 << 20):
     """A Communicator with just what _prepare_rmsnorm/_launch_rmsnorm read."""
     comm = communicator.Communicator.__new__(communicator.Communicator)
@@ -530,14 +604,17 @@ def _comm(world, max_size=1 << 20):
     comm._functions, comm._calls, comm._call_log = {}, 0, {}
     comm._row_kernels = _row_kernels()
     comm._layout = types.SimpleNamespace(threads=KERNEL_THREADS, max_blocks=KERNEL_MAX_BLOCKS)
-    comm._max_fused_blocks = {(variant, dtype): 40 for variant in algorithms.FUSED_VARIANTS
+    comm._max_fused_blocks = {(variant, dtype): 40 for variant in SPINNING
                               for dtype in communicator._KERNEL_TYPES}
     comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
     comm._scratch_offset = 0x1000
+    comm._partial_offset = 0x1000 + max_size
+    comm._local_blocks = lambda: 264  # 132 multiprocessors, two blocks each
     comm._staged_table = types.SimpleNamespace(ptr=0x5100_0000_0000)
     comm._state = types.SimpleNamespace(ptr=0x5200_0000_0000)
     comm._timeout_ns = 300 * 10**9
     comm._registry = types.SimpleNamespace(lookup=lambda ptr, nbytes: None)
+    comm._node = types.SimpleNamespace(failure=None)  # no host step has failed
     return comm
 
 
@@ -581,6 +658,70 @@ def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeyp
     else:
         assert copies == []
     assert "allreduce_rmsnorm call 2 (twostage, 2 x 1024 bfloat16)" in comm._call_log.values()
+
+
+@pytest.mark.parametrize("registered", [None, 0x5300_0000_0000])
+def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, registered):
+    """Per chunk: the staging copy (staged input), kernel A on the capped grid
+    (numbered: it spins), then add_rmsnorm on this rank's gather buffer with
+    the whole GPU's blocks and the chunk's row arguments (unnumbered: it
+    waits for nothing), on the call's stream, in that order."""
+    _, a_params = _split_entries(source)
+    a_names = [n for _, n in a_params]
+    b_names = [n for _, n in _local_entries(source)["pyar_add_rmsnorm_bf16_mxfp4_p1"]]
+    tokens, hidden = 10, 4096
+    row = hidden * 2
+    comm = _comm(world=8, max_size=4 * row)  # 4 rows a chunk: 4 + 4 + 2
+    order = []
+    monkeypatch.setattr(communicator._hip, "memcpy_dtod",
+                        lambda dst, src, n, stream=None: order.append(("copy", dst, src, n,
+                                                                       stream)))
+    q, s = _quant_outputs(dev, "mxfp4", tokens, hidden)
+    call = _call(dev, tokens=tokens, hidden=hidden, quant="mxfp4", quantized=q, scales=s)
+    steps = list(comm._rmsnorm_steps(call, algorithms.SPLIT, registered))
+    for step in steps:
+        comm._run_step(step, "S")
+    functions = comm._row_kernels.module.functions
+    kernel_a = functions["pyar_allreduce_rmsnorm_split_bf16_p1_w8"]
+    kernel_b = functions["pyar_add_rmsnorm_bf16_mxfp4_p1"]
+    assert set(functions) == {kernel_a.name, kernel_b.name}  # no two-stage kernel
+    per_chunk = (("copy",) if registered is None else ()) + ("kernel", "local")
+    assert [step[0] for step in steps] == list(per_chunk) * 3
+    gather = comm._buffer.ptr + comm._partial_offset
+    for number, first in enumerate((0, 4, 8)):
+        count = min(4, tokens - first)
+        grid, block, args, stream = kernel_a.launches[number]
+        got = dict(zip(a_names, args))
+        # 512 threads a row of 4096 bf16; the cap (40 blocks of 512) beyond 4 rows
+        assert (grid, block, stream) == (count, 512, "S")
+        assert got == {"in": registered or comm._staged_table.ptr,
+                       "in_offset": 0 if registered is None else first * row // 16,
+                       "tokens": count, "hidden": hidden, "state": comm._state.ptr,
+                       "timeout_ns": comm._timeout_ns, "call": number}
+        grid, block, args, stream = kernel_b.launches[number]
+        got = dict(zip(b_names, args))
+        assert (grid, block, stream) == (count, 512, "S")
+        assert got["x"] == gather and got["tokens"] == count
+        assert tuple(got[f] for f in ROW_FIELDS) == call.row_args(first, count)
+    assert comm._calls == 3  # kernel B takes no call number
+    assert "allreduce_rmsnorm call 2 (split, 2 x 4096 bfloat16)" in comm._call_log.values()
+    if registered is None:
+        scratch = comm._buffer.ptr + comm._scratch_offset
+        assert [c[1:] for c in order] == [(scratch, call.x.ptr + f * row,
+                                           min(4, tokens - f) * row, "S") for f in (0, 4, 8)]
+
+
+def test_split_norms_on_the_whole_gpu_while_kernel_a_keeps_its_cap(dev):
+    """4096 rows of 4096 bf16 at 8 ranks: kernel A on the fused cap, kernel B
+    on two 512-thread blocks a multiprocessor like the unfused step."""
+    comm = _comm(world=8, max_size=64 << 20)
+    comm._max_fused_blocks[(algorithms.SPLIT, BF16)] = 16
+    call = _call(dev, tokens=4096, hidden=4096)
+    steps = list(comm._rmsnorm_steps(call, algorithms.SPLIT, 0x5300_0000_0000))
+    (_, _, a_grid, a_block, _, _, _), (_, _, b_grid, b_block, b_args) = steps
+    assert (a_grid, a_block) == (16, 512)
+    assert (b_grid, b_block) == (264, 512)
+    assert b_args[:2] == (comm._buffer.ptr + comm._partial_offset, 4096)
 
 
 @pytest.mark.parametrize("world", [2, 5, 8])
@@ -649,12 +790,13 @@ def test_choose_fused_rejects_worlds_outside_2_to_8(world):
         algorithms.choose_fused(4096, world)
 
 
-@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage", "unfused"])
+@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage", "split", "unfused"])
 def test_validate_fused_accepts(algo):
     assert algorithms.validate_fused(algo) == algo
 
 
-@pytest.mark.parametrize("algo", ["", "oneshot", "one_stage", "ONESTAGE", "threestage", None, 1])
+@pytest.mark.parametrize("algo", ["", "oneshot", "one_stage", "ONESTAGE", "threestage", "SPLIT",
+                                  "splits", None, 1])
 def test_validate_fused_rejects_naming_the_algo(algo):
     with pytest.raises(ValueError) as error:
         algorithms.validate_fused(algo)
@@ -662,13 +804,18 @@ def test_validate_fused_rejects_naming_the_algo(algo):
     assert str(error.value).endswith(f"got {algo!r}")
 
 
+@pytest.mark.parametrize("large", [algorithms.SPLIT, algorithms.UNFUSED])
 @pytest.mark.parametrize("world", range(2, 9))
-def test_choose_fused_goes_unfused_past_the_fused_crossover(world, monkeypatch):
+def test_choose_fused_runs_the_large_table_past_the_fused_crossover(world, large, monkeypatch):
     limit = 3 << 20
     monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, world, limit)
+    monkeypatch.setitem(algorithms.FUSED_LARGE, world, large)
     assert algorithms.choose_fused(limit, world) in algorithms.FUSED_VARIANTS
-    assert algorithms.choose_fused(limit + 16, world) == algorithms.UNFUSED
-    assert algorithms.choose_fused(1 << 30, world) == algorithms.UNFUSED
+    assert algorithms.choose_fused(limit + 16, world) == large
+    assert algorithms.choose_fused(1 << 30, world) == large
+    # The other worlds keep their own entry.
+    other = 2 if world != 2 else 3
+    assert algorithms.choose_fused(1 << 30, other) == algorithms.FUSED_LARGE[other]
     # Below the crossover the one-stage/two-stage choice is unchanged.
     small = algorithms.FUSED_ONESTAGE_MAX_BYTES[world]
     assert algorithms.choose_fused(small, world) == "onestage"
@@ -677,12 +824,15 @@ def test_choose_fused_goes_unfused_past_the_fused_crossover(world, monkeypatch):
 
 @pytest.mark.parametrize("world", range(2, 9))
 def test_choose_fused_with_the_shipped_tables_orders_the_three_paths(world):
-    """onestage, then twostage, then unfused as the input grows (a variant
-    may have no sizes of its own when the next crossover comes first)."""
-    order = ("onestage", "twostage", algorithms.UNFUSED)
+    """onestage, then twostage, then split (the shipped FUSED_LARGE) as the
+    input grows (a variant may have no sizes of its own when the next
+    crossover comes first)."""
+    order = ("onestage", "twostage", algorithms.SPLIT)
     picks = [order.index(algorithms.choose_fused(n, world)) for n in SIZES]
     assert picks == sorted(picks), picks
     assert picks[0] == 0 and picks[-1] == 2, picks
+    assert algorithms.choose_fused(algorithms.FUSED_MAX_BYTES[world] + 16, world) == \
+        algorithms.SPLIT
 
 
 def test_fused_crossover_table_covers_worlds_2_to_8():
@@ -690,11 +840,15 @@ def test_fused_crossover_table_covers_worlds_2_to_8():
     for limit in algorithms.FUSED_MAX_BYTES.values():
         assert limit is None or (isinstance(limit, int) and limit > 0 and limit % 16 == 0)
     assert algorithms.UNFUSED not in algorithms.FUSED_VARIANTS
+    assert sorted(algorithms.FUSED_LARGE) == list(range(2, 9))
+    assert set(algorithms.FUSED_LARGE.values()) <= {algorithms.SPLIT, algorithms.UNFUSED}
 
 
-def test_prepare_rmsnorm_picks_unfused_past_the_crossover(dev, monkeypatch):
+@pytest.mark.parametrize("large", [algorithms.SPLIT, algorithms.UNFUSED])
+def test_prepare_rmsnorm_picks_the_large_path_past_the_crossover(dev, monkeypatch, large):
     comm = _comm(4)
     monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, 4, 64 << 10)
+    monkeypatch.setitem(algorithms.FUSED_LARGE, 4, large)
     hidden = 1024
     picks = []
     for tokens in (32, 33):  # 64 KiB, then one row more
@@ -702,7 +856,12 @@ def test_prepare_rmsnorm_picks_unfused_past_the_crossover(dev, monkeypatch):
             dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16),
             1e-6, dev((tokens, hidden), BF16), None, None, None, 128, None, None, None, "auto")
         picks.append(algo)
-    assert picks[0] in algorithms.FUSED_VARIANTS and picks[1] == algorithms.UNFUSED
+    assert picks[0] in algorithms.FUSED_VARIANTS and picks[1] == large
+    # Forced, both stay selectable whatever the table says.
+    for algo in (algorithms.SPLIT, algorithms.UNFUSED):
+        assert comm._prepare_rmsnorm(
+            dev((1, hidden), BF16), dev((1, hidden), BF16), dev((hidden,), BF16), 1e-6,
+            dev((1, hidden), BF16), None, None, None, 128, None, None, None, algo)[1] == algo
 
 
 @pytest.mark.parametrize("with_out", [True, False])
@@ -1075,7 +1234,12 @@ def test_fused_traffic_counts_each_variants_bytes(world):
     # Two-stage: every rank's gather buffer receives the whole reduced rows
     # and is read back.
     assert traffic.fused_shared_gpu_bytes("twostage", n, out, world) == 3 * world * n + rows
+    # Split moves two-stage's bytes: the sums pushed, then read by the norm kernel.
+    assert traffic.fused_shared_gpu_bytes("split", n, out, world) == 3 * world * n + rows
     # Unfused: the all-reduce's bytes, then the sum read again by add + RMSNorm.
     allreduce = traffic.shared_gpu_bytes(algorithms.choose(n, world), n, world, False)
     assert traffic.fused_shared_gpu_bytes("unfused", n, out, world) == \
         allreduce + world * n + rows
+    # ... which is split's plus the two-shot's reduced shards, written and read back.
+    assert traffic.fused_shared_gpu_bytes("unfused", n, out, world) == \
+        traffic.fused_shared_gpu_bytes("split", n, out, world) + 2 * n

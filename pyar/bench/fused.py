@@ -3,11 +3,12 @@ RMSNorm (+ quantization) against the same steps unfused -- pyar's all-reduce,
 then a separate add + RMSNorm kernel, then a separate quantization kernel --
 per token count, eager and replayed from graphs, measured in the same run.
 
-Eager rows also time each fused variant forced (one-stage, two-stage): the
-crossover that ``algorithms.FUSED_ONESTAGE_MAX_BYTES`` encodes comes from
-them.  On one shared GPU the fused kernel's HBM efficiency is reported: the
-bytes it must move (traffic.fused_shared_gpu_bytes) over its time, against
-the device-to-device copy bandwidth.
+Eager rows also time each fused variant forced (one-stage, two-stage,
+split): the crossovers that ``algorithms.FUSED_ONESTAGE_MAX_BYTES``,
+``FUSED_MAX_BYTES`` and ``FUSED_LARGE`` encode come from them.  On one
+shared GPU the fused kernel's HBM efficiency is reported: the bytes it must
+move (traffic.fused_shared_gpu_bytes) over its time, against the
+device-to-device copy bandwidth.
 """
 import numpy as np
 
@@ -18,6 +19,7 @@ from pyar.bench.table import Table
 from pyar.comm import algorithms, rmsnorm
 
 GRAPH_CALLS = 20
+FORCED = (*algorithms.FUSED_VARIANTS, algorithms.SPLIT)  # timed forced on eager rows
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 QUANT_CHOICES = ("none", *rmsnorm.QUANT_KINDS)
 
@@ -126,7 +128,7 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
                "quant": kind or "none", "mode": mode, "variant": chosen,
                "fused_us": timer(fused) * 1e6, "unfused_us": timer(unfused) * 1e6, **kernel}
         if mode == "eager":
-            for variant in algorithms.FUSED_VARIANTS:
+            for variant in FORCED:
                 row[f"{variant}_us"] = timer(lambda: fused(variant)) * 1e6
         row["speedup"] = row["unfused_us"] / row["fused_us"]
         row["hbm_eff"] = None
@@ -139,10 +141,11 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
 
 
 def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
-    """The fused kernel ``auto`` runs: its name, launch geometry, registers and
-    local (spill) bytes a thread, and how many of its blocks fit on a
-    multiprocessor (kernel None when it runs unfused)."""
-    if variant not in algorithms.FUSED_VARIANTS:
+    """The fused kernel ``auto`` runs (split: its spinning first kernel): its
+    name, launch geometry, registers and local (spill) bytes a thread, and how
+    many of its blocks fit on a multiprocessor (kernel None when it runs
+    unfused)."""
+    if variant not in FORCED:
         return {"kernel": None}
     function, geometry = comm._fused_launch(variant, dtype, tokens, hidden,
                                             rmsnorm.quant_code(kind))
@@ -154,7 +157,7 @@ def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
 
 COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant", 8),
            ("fused_us", 9), ("unfused_us", 10), ("speedup", 7), ("onestage_us", 11),
-           ("twostage_us", 11), ("hbm_eff", 7)]
+           ("twostage_us", 11), ("split_us", 8), ("hbm_eff", 7)]
 
 
 def table():

@@ -25,15 +25,15 @@ def fused_shared_gpu_bytes(variant, nbytes, out_bytes, world):
     """Bytes all ranks' fused all-reduce + RMSNorm calls must move for one
     call: every input read, each rank's residual read and residual_out
     written, its ``out_bytes`` of outputs (y, quantized codes, scales)
-    written.  Two-stage adds the reduced rows each rank's gather buffer
-    receives (every rank pushes its slice into all of them) and reads back;
-    "unfused" is the all-reduce into a sum array, then add + RMSNorm (+
+    written.  Two-stage and split add the reduced rows each rank's gather
+    buffer receives (every rank pushes its slice into all of them) and reads
+    back; "unfused" is the all-reduce into a sum array, then add + RMSNorm (+
     quantization) reading that sum."""
     rows = world * (2 * nbytes + out_bytes)
     if variant == "unfused":
         return shared_gpu_bytes(algorithms.choose(nbytes, world), nbytes, world, False) \
             + world * nbytes + rows
     moved = world * nbytes + rows
-    if variant == "twostage":
+    if variant in ("twostage", algorithms.SPLIT):
         moved += 2 * world * nbytes
     return moved

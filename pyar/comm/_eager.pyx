@@ -273,8 +273,9 @@ cdef class EagerCalls:
     def _remember(self, str kind, tuple arrays, tuple rest, stream, list steps, fresh=None,
                   out_dtype=None, returns=()):
         """Compile the steps a checked call ran into the plan of its signature.
-        ``steps``: ("copy", dst, src, nbytes) and ("kernel", function, grid,
-        block, args, kind, details), the call number following ``args``.
+        ``steps``: ("copy", dst, src, nbytes), ("kernel", function, grid,
+        block, args, kind, details), the call number following ``args``, and
+        ("local", function, grid, block, args): a kernel without one.
         ``fresh``: (shape, dtype, nbytes, (start, end)) of the output the
         call allocated, whose address each replay replaces."""
         cdef uintptr_t handle
@@ -297,12 +298,16 @@ cdef class EagerCalls:
                 sequence.add_copy(dst, src, nbytes,
                                   out_offset=dst - start if start <= dst < end else None)
                 continue
-            _, function, grid, block, args, what, details = step
+            numbered = step[0] == "kernel"
+            function, grid, block, args = step[1:5]
             moved = {i: a - start for i, a in enumerate(args)
                      if start <= a < end and function.argtypes[i] in _POINTER_KINDS}
+            if not numbered:
+                sequence.add_kernel(function, grid, block, args, out_args=moved)
+                continue
             sequence.add_kernel(function, grid, block, (*args, 0), call_arg=len(args),
                                 out_args=moved)
-            descriptions.append((what, details))
+            descriptions.append(step[5:7])
         for a in arrays:
             if a is not None:
                 _KEYED_DTYPES.add(a._dtype if type(a) is DeviceArray

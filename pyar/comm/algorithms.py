@@ -10,6 +10,9 @@ at 8) and are retuned from ``python -m pyar.bench`` output.
 
 ALGORITHMS = ("oneshot", "twoshot")
 FUSED_VARIANTS = ("onestage", "twostage")
+# two-stage cut at its `mid` barrier into two kernels: the spinning
+# reduce-scatter on its capped grid, then the norms on the whole GPU.
+SPLIT = "split"
 UNFUSED = "unfused"  # allreduce_rmsnorm's steps as separate kernels
 
 # world size -> largest message in bytes that still goes one-shot.
@@ -45,8 +48,8 @@ FUSED_ONESTAGE_MAX_BYTES = dict(ONESHOT_MAX_BYTES)
 
 # world size -> largest input at which a fused kernel still beats the same
 # steps unfused (pyar's all-reduce, then the single-GPU add + RMSNorm (+
-# quantization) kernel); above it ``"auto"`` runs them unfused, so that
-# allreduce_rmsnorm is never slower than the steps it fuses.  None: no
+# quantization) kernel); above it ``"auto"`` runs FUSED_LARGE instead, so
+# that allreduce_rmsnorm is never slower than the steps it fuses.  None: no
 # crossover measured, the fused kernels run at every size.  Filled from the
 # fused_us / unfused_us columns of ``python -m pyar.bench --fused`` (graph
 # mode, every quantization kind): the largest size below which fused wins at
@@ -57,17 +60,27 @@ FUSED_ONESTAGE_MAX_BYTES = dict(ONESHOT_MAX_BYTES)
 # 4096 bf16); the worlds between are not measured yet and take the same.
 FUSED_MAX_BYTES = {world: 1 << 20 for world in range(2, 9)}
 
+# world size -> what ``"auto"`` runs past FUSED_MAX_BYTES: SPLIT or UNFUSED.
+# Split moves what the unfused steps move less the all-reduce's reduced
+# shards (written, then read back: traffic.fused_shared_gpu_bytes), and its
+# spinning kernel has one phase after the start barrier where the
+# all-reduce's has two; its norms use the whole GPU like the unfused ones.
+# Not measured yet: the split_us and unfused_us columns of
+# ``python -m pyar.bench --fused`` (graph mode) retune it per world size.
+FUSED_LARGE = {world: SPLIT for world in range(2, 9)}
+
 
 def choose_fused(nbytes, world):
     """The allreduce_rmsnorm variant ``"auto"`` selects for an input of
-    ``nbytes``: one of FUSED_VARIANTS, or UNFUSED past the fused crossover."""
+    ``nbytes``: one of FUSED_VARIANTS, or FUSED_LARGE's choice (SPLIT or
+    UNFUSED) past the fused crossover."""
     variant = _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
     limit = FUSED_MAX_BYTES[world]
-    return UNFUSED if limit is not None and nbytes > limit else variant
+    return FUSED_LARGE[world] if limit is not None and nbytes > limit else variant
 
 
 def validate_fused(algo):
-    return _known(algo, FUSED_VARIANTS + (UNFUSED,))
+    return _known(algo, FUSED_VARIANTS + (SPLIT, UNFUSED))
 
 
 def _by_size(nbytes, world, small_max_bytes, names):

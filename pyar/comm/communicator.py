@@ -225,7 +225,7 @@ class Communicator(_eager.EagerCalls):
         (quantization kinds, packs per thread), in blocks of the all-reduce's
         threads; rmsnorm.row_launch scales it to a call's block size."""
         caps = {}
-        for variant in algorithms.FUSED_VARIANTS:
+        for variant in algorithms.FUSED_VARIANTS + (algorithms.SPLIT,):
             for dtype in _KERNEL_TYPES:
                 per_thread = self._row_kernels.layout.packs_per_thread_choices(dtype.itemsize)
                 caps[(variant, dtype)] = self._block_cap(sharing, [
@@ -234,13 +234,22 @@ class Communicator(_eager.EagerCalls):
         return caps
 
     def _fused_function(self, variant, dtype, quant_code, packs_per_thread):
-        key = ("rmsnorm", variant, dtype, quant_code & 0xF, packs_per_thread)
+        """The spinning kernel of a fused variant (split's first kernel, the
+        same for every quantization kind)."""
+        split = variant == algorithms.SPLIT
+        key = ("rmsnorm", variant, dtype, 0 if split else quant_code & 0xF, packs_per_thread)
         function = self._functions.get(key)
         if function is None:
-            geometry = rmsnorm.RowLaunch(packs_per_thread, 0, 0)
-            name = (f"pyar_allreduce_rmsnorm_{variant.replace('stage', '_stage')}_"
-                    f"{rmsnorm.kernel_suffix(dtype, quant_code, geometry)}_w{self.world}")
-            function = self._row_kernels.function(name, rmsnorm.FUSED_TYPES)
+            if split:
+                name = (f"pyar_allreduce_rmsnorm_split_{rmsnorm.DTYPES[dtype]}_"
+                        f"p{packs_per_thread}_w{self.world}")
+                types = rmsnorm.SPLIT_TYPES
+            else:
+                geometry = rmsnorm.RowLaunch(packs_per_thread, 0, 0)
+                name = (f"pyar_allreduce_rmsnorm_{variant.replace('stage', '_stage')}_"
+                        f"{rmsnorm.kernel_suffix(dtype, quant_code, geometry)}_w{self.world}")
+                types = rmsnorm.FUSED_TYPES
+            function = self._row_kernels.function(name, types)
             self._functions[key] = function
         return function
 
@@ -484,10 +493,15 @@ class Communicator(_eager.EagerCalls):
 
     def _run_step(self, step, stream):
         """Queue one step of ``_allreduce_steps``/``_rmsnorm_steps``; a
-        kernel's last argument is its call number."""
+        kernel's last argument is its call number, a local kernel (one that
+        waits for no peer) has none."""
         if step[0] == "copy":
             _, dst, src, nbytes = step
             _hip.memcpy_dtod(dst, src, nbytes, stream)
+            return
+        if step[0] == "local":
+            _, function, grid, block, args = step
+            function.launch(grid, block, args, stream=stream)
             return
         _, function, grid, block, args, kind, details = step
         function.launch(grid, block, (*args, self._next_call(kind, details)), stream=stream)
@@ -534,9 +548,10 @@ class Communicator(_eager.EagerCalls):
 
         ``algo``: "auto", "onestage" (every rank reads all peers' rows),
         "twostage" (reduce-scatter pushing the sums to every rank, then every
-        rank norms) or "unfused" (the all-reduce, then add + RMSNorm (+
-        quantization) as a separate kernel; what "auto" runs past the fused
-        crossover).
+        rank norms), "split" (two-stage as two kernels: the reduce-scatter
+        pushing the sums, then the norms on the whole GPU; what "auto" runs
+        past the fused crossover) or "unfused" (the all-reduce, then add +
+        RMSNorm (+ quantization) as a separate kernel).
         Eager, on registered inputs and under graph capture like
         ``allreduce``.  Returns FusedOutputs(out, residual_out, quantized,
         scales).
@@ -611,7 +626,11 @@ class Communicator(_eager.EagerCalls):
             self._run_step(step, stream)
 
     def _rmsnorm_steps(self, call, algo, registered):
-        """The copies and launches of one fused allreduce_rmsnorm, chunk by chunk."""
+        """The copies and launches of one fused allreduce_rmsnorm, chunk by
+        chunk.  Split's second kernel follows its first on the same stream
+        (in a captured graph too: both are steps), reading the sums from this
+        rank's gather buffer, which the next chunk's first kernel fills again
+        only after every rank's start barrier (the proof at split_reduce)."""
         dtype = call.x.dtype
         row_bytes = call.hidden * dtype.itemsize
         chunk = self.max_size // row_bytes
@@ -624,10 +643,18 @@ class Communicator(_eager.EagerCalls):
                 yield staging
             function, geometry = self._fused_launch(algo, dtype, count, call.hidden,
                                                     call.quant_code)
+            details = f"({algo}, {count} x {call.hidden} {dtype})"
+            if algo != algorithms.SPLIT:
+                yield ("kernel", function, geometry.blocks, geometry.threads,
+                       (table, in_offset, count, *call.row_args(first, count), self._state.ptr,
+                        self._timeout_ns), "allreduce_rmsnorm", details)
+                continue
             yield ("kernel", function, geometry.blocks, geometry.threads,
-                   (table, in_offset, count, *call.row_args(first, count), self._state.ptr,
-                    self._timeout_ns), "allreduce_rmsnorm",
-                   f"({algo}, {count} x {call.hidden} {dtype})")
+                   (table, in_offset, count, call.hidden, self._state.ptr, self._timeout_ns),
+                   "allreduce_rmsnorm", details)
+            yield ("local", *self._row_kernels.add_rmsnorm_launch(
+                call, self._buffer.ptr + self._partial_offset, first, count,
+                self._local_blocks()))
 
     def _fused_launch(self, algo, dtype, tokens, hidden, quant_code):
         """The fused kernel and its rmsnorm.RowLaunch for ``tokens`` rows."""

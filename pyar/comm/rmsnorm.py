@@ -32,6 +32,10 @@ KERNEL_KINDS = {0: "plain", 1: "fp8", 2: "mxfp4"}
 ROW_THREAD_QUANTUM = 64
 _ROW_TYPES = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "uint32", "uint32")
 FUSED_TYPES = ("ptr", "uint64", "uint64", *_ROW_TYPES, "ptr", "uint64", "uint32")
+# Kernel A of split (input table, pack offset, tokens, hidden, state,
+# timeout, call): the rows' sums only, no row arguments.
+SPLIT_TYPES = ("ptr", "uint64", "uint64", "uint32", "ptr", "uint64", "uint32")
+ADD_RMSNORM_TYPES = ("ptr", "uint64", *_ROW_TYPES)
 
 FusedOutputs = collections.namedtuple("FusedOutputs", "out residual_out quantized scales")
 FusedOutputs.__doc__ = """What ``allreduce_rmsnorm`` returns.
@@ -319,13 +323,21 @@ class RowKernels:
         if call.tokens == 0:
             return
         s = call.x if s is None else s
+        function, blocks, threads, args = self.add_rmsnorm_launch(call, s.ptr, 0, call.tokens,
+                                                                  max_blocks)
+        function.launch(blocks, threads, args, stream=stream)
+
+    def add_rmsnorm_launch(self, call, s_ptr, first, count, max_blocks):
+        """(function, blocks, threads, args) of add + RMSNorm (+ quantization)
+        of ``call``'s rows [first, first + count) from the ``count`` rows of
+        sums at ``s_ptr``: split's second kernel, and the single-GPU step."""
         # Nothing here waits for a peer: blocks beyond the resident ones just queue.
-        geometry = self.launch(call.tokens, call.hidden, call.x.dtype, max_blocks, call.tokens)
+        geometry = self.launch(count, call.hidden, call.x.dtype, max_blocks, count)
         function = self.function(
             f"pyar_add_rmsnorm_{kernel_suffix(call.x.dtype, call.quant_code, geometry)}",
-            ("ptr", "uint64", *_ROW_TYPES))
-        function.launch(geometry.blocks, geometry.threads,
-                        (s.ptr, call.tokens, *call.row_args(0, call.tokens)), stream=stream)
+            ADD_RMSNORM_TYPES)
+        return (function, geometry.blocks, geometry.threads,
+                (s_ptr, count, *call.row_args(first, count)))
 
     def quantize(self, y, quant, quantized, scales, stream, max_blocks):
         tokens, hidden = y.shape

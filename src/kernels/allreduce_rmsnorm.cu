@@ -30,6 +30,11 @@
 //             gather buffer, with its own residual and weight.  The input is
 //             read only before `mid`, so `mid` is the barrier that makes it
 //             reusable; the exit barrier is kept all the same (rule 1).
+// split       two_stage cut at `mid` into two kernels: split_reduce (phase
+//             1 and `mid` on the capped grid of a spinning kernel) and
+//             add_rmsnorm on the gather buffer (the norms on the whole GPU,
+//             waiting for nothing).  split_reduce has no exit barrier: the
+//             proof is at the kernel.
 //
 // add_rmsnorm and quantize are the same steps as single-rank kernels: a world
 // of one, and the unfused baseline of the benchmark.
@@ -528,6 +533,45 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t to
   BlockEpoch::commit(s, epoch);
 }
 
+// Kernel A of split, the two-stage kernel's first phase alone: after `mid`
+// the gather buffer s.partial[rank] holds every row's sums, and kernel B,
+// add_rmsnorm on that buffer queued right behind it on the same stream,
+// norms them on the whole GPU, waiting for nothing.  The rows and their sums
+// are two_stage's bit for bit: the same reduction, the same row code.
+//
+// No exit barrier (rule 1), because nothing needs it:
+// - The input.  Peers read rank r's input only before `mid` (phase 1), and
+//   block b passes `mid` only once block b of every rank has arrived there,
+//   after its reads (the barrier syncs the block before its release).  When
+//   r's kernel returns, all its blocks have passed `mid`: no peer reads r's
+//   input any more, and the caller may overwrite it (or the next chunk's
+//   staging copy may).
+// - The gather buffers.  Rank p's buffer is stored to, by p and its peers,
+//   only by the next call's kernel A (or any collective using the scratch)
+//   after that call's start barrier, which block b of p reaches only once
+//   p's kernel B of this call has finished (stream order on p).  Kernel B
+//   reads only p's own memory (the gather buffer, residual and weight), so
+//   no peer's progress can change what it reads.
+// - Visibility.  Peers' stores precede their `mid` release (each thread
+//   fences them at system scope); p's acquire at `mid` and the kernel
+//   boundary order them before kernel B's loads, which may go through the
+//   caches: the buffer is this rank's own, uncached on AMD, and a new
+//   kernel starts with clean per-multiprocessor caches.
+template <typename T, int P, int W>
+PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, uint64_t tokens,
+                              uint32_t hidden, const CommState *state, const CallInfo &info) {
+  const CommState &s = *state;
+  const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
+  const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
+  const uint32_t epoch = BlockEpoch::begin(s);
+  if (barrier<W>(s, kStart, epoch, info)) {
+    reduce_scatter_rows<T, P, W>(src, gather, tokens, hidden >> kLaneShift<T>, s);
+    fence_system();  // as in two_stage: the stores to peers precede `mid`
+    mid_barrier<W>(s, epoch, info);
+  }
+  BlockEpoch::commit(s, epoch);
+}
+
 template <typename T, int P, int Q>
 PYAR_DEVICE void add_rmsnorm(const Pack16 *x, uint64_t tokens, const RowArgs &a) {
   const RowContext<T, P> ctx(a);
@@ -595,6 +639,31 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
   PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 7)     \
   PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, 8)
 
+// Kernel A of split: no row arguments, no quantization kind (kernel B,
+// pyar_add_rmsnorm_*, has them).  With the one-argument bound ptxas (nvcc
+// 13, sm_90) gives its 16-bit, two-packs-a-thread entries of 3 to 5 ranks 32
+// registers and spills; a minimum of one resident block lets it use up to
+// 64 (measured: 32 to 62 over all 49 entries, no spills).  The host build
+// takes no bounds.
+#if defined(PYAR_HOST_BUILD)
+#define PYAR_SPLIT_BOUNDS
+#else
+#define PYAR_SPLIT_BOUNDS __launch_bounds__(pyar::kMaxRowThreads, 1)
+#endif
+#define PYAR_SPLIT_ENTRY(name, T, P, W)                                                      \
+  extern "C" __global__ void PYAR_SPLIT_BOUNDS                                              \
+      pyar_allreduce_rmsnorm_split_##name##_p##P##_w##W(                                    \
+          const pyar::InputTable *in, uint64_t in_offset, uint64_t tokens, uint32_t hidden,  \
+          const pyar::CommState *state, uint64_t timeout_ns, uint32_t call) {               \
+    pyar::split_reduce<T, P, W>(in, in_offset, tokens, hidden, state,                       \
+                                pyar::CallInfo{timeout_ns, call});                          \
+  }
+
+// M(arguments.., W) for every supported world size.
+#define PYAR_EACH_WORLD(M, ...)                                                   \
+  M(__VA_ARGS__, 2) M(__VA_ARGS__, 3) M(__VA_ARGS__, 4) M(__VA_ARGS__, 5) M(__VA_ARGS__, 6) \
+  M(__VA_ARGS__, 7) M(__VA_ARGS__, 8)
+
 #define PYAR_LOCAL_ENTRIES(name, T, kind, Q, P)                                              \
   extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
       pyar_add_rmsnorm_##name##_##kind##_p##P(const pyar::Pack16 *x, uint64_t tokens,       \
@@ -622,7 +691,8 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
   PYAR_ROW_KERNELS(name, T, fp8, pyar::kFp8, P)            \
   PYAR_ROW_KERNELS(name, T, mxfp4, pyar::kMxfp4, P)        \
   PYAR_QUANTIZE_ENTRY(name, T, fp8, pyar::kFp8, P)         \
-  PYAR_QUANTIZE_ENTRY(name, T, mxfp4, pyar::kMxfp4, P)
+  PYAR_QUANTIZE_ENTRY(name, T, mxfp4, pyar::kMxfp4, P)    \
+  PYAR_EACH_WORLD(PYAR_SPLIT_ENTRY, name, T, P)
 
 // Packs per thread: the host picks the fewest that keep a row within
 // kMaxRowThreads threads, so 16-bit rows up to kMaxHidden need 1 or 2 and

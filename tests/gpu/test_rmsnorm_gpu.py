@@ -17,13 +17,14 @@ WORLDS = [2, 4, 8]
 @pytest.mark.parametrize("world", [1] + WORLDS)
 def test_fused_random(world):
     """Per-rank random inputs against a float64 reference from every rank's
-    input: both variants and auto, 3 dtypes, 6 shapes (1..300 tokens, hidden
-    512..16384 incl. 2880 and 7168, chunked), 4 output kinds, staged and
-    registered; outputs identical across ranks and variants; then every bad
-    input raises its clear error on every rank."""
+    input: one-stage, two-stage, split and auto, 3 dtypes, 6 shapes (1..300
+    tokens, hidden 512..16384 incl. 2880 and 7168, chunked), 4 output kinds,
+    staged and registered; outputs identical across ranks and variants (split
+    bit for bit two-stage's); then every bad input raises its clear error on
+    every rank."""
     rows = scenario("rmsnorm_fused", world, "random", timeout=420)
     total = rows_of(rows, "fused-random-total")[0]
-    assert total["calls"] == 3 * 6 * 4 * 3, total
+    assert total["calls"] == 3 * 6 * 4 * 4, total
     assert total["mismatches"] == 0, total
     assert total["variant_differences"] == 0, total
     for row in rows_of(rows, "fused-random"):
@@ -50,14 +51,16 @@ def test_fused_adversarial_write_after_read(world, wrap):
     """1000 calls per (variant, staged/registered), queued 50 at a time; every
     caller overwrites its input with NaN right after each call while random
     ranks are delayed or disturbed; every output (y, residual_out, FP8 codes,
-    scales) bit for bit as in an undisturbed run.  With ``wrap`` every
-    (variant, input) starts 300 calls before the epochs reach 2**32 (a test
+    scales) bit for bit as in an undisturbed run.  Split (no exit barrier:
+    the proof at split_reduce) runs it too.  With ``wrap`` every (one-stage or
+    two-stage, input) starts 300 calls before the epochs reach 2**32 (a test
     hook: allreduce_common.start_epochs_at)."""
     mode, test = ("wrap", "fused-adversarial-wrap") if wrap else (
         "adversarial", "fused-adversarial")
     rows = rows_of(scenario("rmsnorm_fused", world, mode, timeout=420), test)
+    variants = ("onestage", "twostage") + (() if wrap else ("split",))
     assert {(r["algo"], r["variant"]) for r in rows} == {
-        (a, v) for a in ("onestage", "twostage") for v in ("staged", "registered")}
+        (a, v) for a in variants for v in ("staged", "registered")}
     for row in rows:
         assert row["calls"] >= 1000, row
         assert row["mismatches"] == 0, row
@@ -81,11 +84,12 @@ def test_fused_positive_control_start_barrier(world, kernels_without_start_barri
 def test_fused_positive_control(world, kernels_without_exit_barrier):
     """The adversarial scenario against kernels built without the barrier each
     variant relies on -- one-stage without its exit barrier (the seeds' bug),
-    two-stage without `mid`, after which peers no longer read a rank's input
-    -- must see wrong outputs for both variants."""
+    two-stage and split's first kernel without `mid`, after which peers no
+    longer read a rank's input (and, for split, all sums have arrived) --
+    must see wrong outputs for every variant."""
     rows = rows_of(scenario("rmsnorm_fused", world, "control", kernels_without_exit_barrier,
                             timeout=420), "fused-control")
-    assert {r["algo"] for r in rows} == {"onestage", "twostage"}
+    assert {r["algo"] for r in rows} == {"onestage", "twostage", "split"}
     for row in rows:
         assert row["mismatches"] > 0, (
             f"{row['algo']} without its barrier gave no wrong output in {row['calls']} calls "

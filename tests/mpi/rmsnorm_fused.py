@@ -2,7 +2,8 @@
 
 Modes:
   random        Per-rank random x against a float64 reference built from every
-                rank's input: one-stage, two-stage and auto; fp32/fp16/bf16;
+                rank's input: one-stage, two-stage, split and auto (split past
+                1 MiB); fp32/fp16/bf16;
                 token counts from 1 to 300 (chunked through a 1 MiB scratch),
                 hidden sizes 512 to 16384 incl. 2880 and 7168; no quant, FP8
                 per token, FP8 per group of 128 and MXFP4; staged and
@@ -11,11 +12,13 @@ Modes:
                 rounding of the norm of the stored residual, quantized output
                 after dequantization within the format's rounding and scales
                 exactly; outputs bitwise identical across ranks and between
-                the two variants.  Then bad input raises on every rank.
+                the variants (split is held to two-stage's bits only: equal
+                bits are within the bounds two-stage was checked against).
+                Then bad input raises on every rank.
   unfused       algo="unfused" (the steps as separate kernels, what "auto"
                 runs past the fused crossover) against the reference and
                 bitwise against the two-stage kernel, with and without out.
-  adversarial   The seeds' bug provoked for each variant, like
+  adversarial   The seeds' bug provoked for each variant (split too), like
                 allreduce_adversarial.py: rounds of K calls queued with no host
                 sync, every caller overwrites its input with NaN right after
                 each call while random ranks are delayed or disturbed; staged
@@ -25,7 +28,8 @@ Modes:
                 WRAP_BEFORE calls before 2**32 (start_epochs_at): every block
                 crosses the 32-bit wrap under the adversarial load.
   control PATH  The same against kernels built without the barrier each
-                variant relies on (one-stage: exit, two-stage: mid); runs until
+                variant relies on (one-stage: exit, two-stage and split's
+                first kernel: mid); runs until
                 it sees wrong outputs, within a budget; reports, never fails.
   control-start PATH
                 The start barrier's control: kernels built without it
@@ -55,6 +59,9 @@ from allreduce_common import (
 from tests.gpu_kernels import GpuTestKernels
 
 VARIANTS = ("onestage", "twostage")
+# The adversarial scenario and its control also run split; epoch wrap does not
+# (split's kernel A takes its epochs and barriers from two-stage's code).
+ADVERSARIAL_VARIANTS = (*VARIANTS, "split")
 KINDS = (None, "fp8_per_token", "fp8_per_group", "mxfp4")
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 EPS = 1e-6
@@ -194,8 +201,8 @@ def random_mode(sc):
                     x_reg = pyar.asarray(x_dev.get(stream=stream), stream=stream, ipc=True)
                     comm.register(x_reg)
                     keep.append(x_reg)
-                for algo in ("onestage", "twostage", "auto"):
-                    in_place = algo == "twostage"
+                for algo in ("onestage", "twostage", "split", "auto"):
+                    in_place = algo in ("twostage", "split")
                     res_dev = pyar.asarray(residual, stream=stream)
                     out = pyar.empty((tokens, hidden), dtype, stream=stream)
                     got = comm.allreduce_rmsnorm(
@@ -212,8 +219,9 @@ def random_mode(sc):
                     if in_place and got.residual_out is not res_dev:
                         check.fail(what, "residual_out=None did not update residual in place")
                     group = group_size(hidden) if kind == "fp8_per_group" else None
-                    check.outputs(what, dtype, s64, abs_sum, residual, weight, y, r, kind, q,
-                                  scales, group)
+                    if algo != "split":  # split: two-stage's bits (variant_differences)
+                        check.outputs(what, dtype, s64, abs_sum, residual, weight, y, r, kind,
+                                      q, scales, group)
                     rows.setdefault((dtype.name, algo), [0, 0])
                     rows[(dtype.name, algo)][0] += 1
                     h = digest(y, r, q, scales)
@@ -411,7 +419,7 @@ def adversarial_mode(sc, wrap=False):
     comm, kernels, streams = setup(sc, timeout=60.0)
     bf16 = np.dtype(ml_dtypes.bfloat16)
     keep = []
-    for a, algo in enumerate(VARIANTS):
+    for a, algo in enumerate(VARIANTS if wrap else ADVERSARIAL_VARIANTS):
         for registered in (False, True):
             work = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group",
                                  (a, registered), registered, MAIN_LEVEL)
@@ -441,7 +449,7 @@ def control_mode(sc, kernels_path, start=False):
     late = sc.rank == sc.world - 1
     level = Level(1.0 if late else 0.0, 300, 0.0, 0, 1) if start else CONTROL_LEVEL
     registered = not start
-    for a, algo in enumerate(VARIANTS):
+    for a, algo in enumerate(VARIANTS if start else ADVERSARIAL_VARIANTS):
         key = (10 + a, 1)
         comm, kernels, streams = setup(sc, timeout=60.0)
         expected = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group", key,
