@@ -178,6 +178,23 @@ def test_fused_clean_and_exact(driver, kernel, world):
         assert_geometry(outcome, geometry, f"{kernel} {way} at world {world}")
 
 
+# Two-shot all-reduces and two-stage fused calls taking turns, as "auto" interleaves them:
+# both kernels use the partial region of every rank (two-shot its own shard, two-stage the
+# gather buffer its peers push into).
+MIXED = "twoshot+twostage"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_twoshot_and_twostage_share_the_partial_region(driver, world):
+    """Calls alternating between the two kernels that use the partial region, staged and
+    registered in chunks: zero reports, exact sums and normed outputs."""
+    for way, (options, _) in FUSED_WAYS.items():
+        if way == "staged-4-per-thread":
+            continue
+        outcome = run(driver, MIXED, world, *options, "--calls", 6, "--seed", world, *DELAYS)
+        assert_clean(outcome, f"{MIXED} {way} at world {world}")
+
+
 # 16-bit rows of 200 and 2000 elements: 25 packs (one a thread, 64 threads) and 250 (two
 # a thread, 128 threads).
 HALF_RUNS = (("oneshot", 3, ()), ("twoshot", 3, ()),
@@ -236,6 +253,7 @@ KERNEL_PHASES = {
     "twoshot": ("start", "mid", "exit"),
     "onestage": ("start", "exit"),
     "twostage": ("start", "mid", "exit"),
+    MIXED: ("start", "mid", "exit"),
 }
 REDUNDANT = {
     ("twoshot", "exit"): "peers read the input and the partial scratch only before mid; "
@@ -245,14 +263,17 @@ REDUNDANT = {
                           "push into the gather buffer only after the next call's start "
                           "barrier, which needs this rank's start flag, stored once its "
                           "whole previous kernel returned (allreduce_rmsnorm.cu)",
+    (MIXED, "exit"): "every write into any rank's partial region (two-shot's shard, "
+                     "two-stage's pushes) follows the writer's start barrier, and every "
+                     "read of it precedes the end of the reader's kernel: both reasons above",
 }
 
 
 def mutation_ways(kernel):
     """Staged, registered, and registered in chunks: the chunks of one call run back to
     back, the next launch's peers pushing into (or reading) what this one used."""
-    chunked = (FUSED_WAYS["registered-chunked"][0] if kernel in FUSED
-               else ALLREDUCE_WAYS["registered-chunked"][0])
+    chunked = (ALLREDUCE_WAYS["registered-chunked"][0] if kernel in ("oneshot", "twoshot")
+               else FUSED_WAYS["registered-chunked"][0])
     return {"staged": ("--variant", "staged"), "registered": ("--variant", "registered"),
             "chunked": chunked}
 
@@ -266,15 +287,15 @@ def _detection(outcome):
 
 
 def test_every_barrier_removal_is_caught(driver):
-    """Each barrier of each kernel left out in turn, at world 4, staged, registered and
-    registered in chunks: caught by a ThreadSanitizer report or a wrong sum, except the
+    """Each barrier of each kernel (and of two-shot and two-stage taking turns) left out in
+    turn, at world 4, staged, registered and registered in chunks: caught by a ThreadSanitizer report or a wrong sum, except the
     barriers proven redundant, which must stay uncaught. Prints the table mutation x
     detection."""
     rows, missed, refuted = [], [], []
     for kernel, phases in KERNEL_PHASES.items():
         ways = mutation_ways(kernel)
         for phase in phases:
-            calls = 4 if kernel in FUSED else 10
+            calls = {"oneshot": 10, "twoshot": 10, MIXED: 6}.get(kernel, 4)
             found = {way: _detection(run(driver, kernel, 4, *options, "--skip", phase,
                                          "--calls", calls, *DELAYS))
                      for way, options in ways.items()}

@@ -20,7 +20,9 @@
 // (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | onestage | twostage
+//   KERNEL     oneshot | twoshot | onestage | twostage, or several joined by
+//              '+' that take turns call by call (twoshot+twostage: two
+//              kernels sharing the partial region back to back)
 //   --dtype    f32 | f16 | bf16                   (f32)
 //   --variant  staged | registered                (staged)
 //   --in-place 0 | 1   out is the input (all-reduce only)   (0)
@@ -54,6 +56,7 @@ inline bool unsigned_reached = false;
 #include "allreduce.cu"
 #include "allreduce_rmsnorm.cu"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -143,7 +146,14 @@ struct Options {
   int skip = -1;
   bool unsigned_reached = false;
 
-  bool fused() const { return kernel == "onestage" || kernel == "twostage"; }
+  std::vector<std::string> kernels;  // call c runs kernels[c % size]
+
+  static bool fused(const std::string &k) { return k == "onestage" || k == "twostage"; }
+  bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
+  const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
+  uint64_t elements_of(uint64_t call) const {
+    return fused(kernel_of(call)) ? tokens * hidden : elements;
+  }
   bool registered() const { return variant == "registered"; }
 };
 
@@ -159,8 +169,15 @@ Options parse(int argc, char **argv) {
   Options o;
   o.kernel = argv[1];
   o.world = uint32_t(std::stoul(argv[2]));
-  if (o.kernel != "oneshot" && o.kernel != "twoshot" && !o.fused())
-    usage("KERNEL is oneshot, twoshot, onestage or twostage, not " + o.kernel);
+  for (size_t first = 0; first <= o.kernel.size();) {
+    const size_t plus = std::min(o.kernel.find('+', first), o.kernel.size());
+    o.kernels.push_back(o.kernel.substr(first, plus - first));
+    const std::string &k = o.kernels.back();
+    if (k != "oneshot" && k != "twoshot" && !Options::fused(k))
+      usage("KERNEL is oneshot, twoshot, onestage or twostage, or several joined by '+', not " +
+            o.kernel);
+    first = plus + 1;
+  }
   if (o.world < 2 || o.world > uint32_t(pyar::kMaxRanks)) usage("WORLD is 2..8");
   for (int i = 3; i + 1 < argc + 1; i += 2) {
     if (i + 1 >= argc) usage(std::string("no value after ") + argv[i]);
@@ -191,9 +208,10 @@ Options parse(int argc, char **argv) {
   }
   if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16") usage("--dtype is f32, f16 or bf16");
   if (o.variant != "staged" && !o.registered()) usage("--variant is staged or registered");
-  if (o.in_place && o.fused()) usage("--in-place is for the all-reduce kernels");
+  if (o.in_place && o.any_fused()) usage("--in-place is for the all-reduce kernels");
   // Communicator._plan: one-shot writes its output while peers read its input.
-  if (o.in_place && o.registered() && o.kernel == "oneshot")
+  const bool oneshot = std::count(o.kernels.begin(), o.kernels.end(), "oneshot") > 0;
+  if (o.in_place && o.registered() && oneshot)
     usage("one-shot cannot write in place over a registered input");
   if (o.max_size % sizeof(Pack16) || o.max_size == 0) usage("--max-size is a multiple of 16");
   if (o.blocks == 0 || o.blocks > uint32_t(pyar::kMaxBlocks)) usage("--blocks is 1..256");
@@ -334,38 +352,49 @@ struct Run {
     return float(total);
   }
 
-  // --- all-reduce: Communicator._launch ---
+  // --- one rank's stream: its calls, each kernel's checks ---
   template <typename T>
-  void allreduce_rank(Rank &k) {
-    const uint64_t n = o.elements;
-    const auto kernel = reinterpret_cast<AllreduceEntry>(entry(allreduce_name()));
-    const uint64_t lanes = 16 / sizeof(T), chunk = o.max_size / sizeof(T);
+  void rank_calls(Rank &k) {
     std::mt19937_64 random(o.seed * 7919u + k.rank);
+    T *weight = k.weight.as<T>();
+    for (uint64_t j = 0; j < o.hidden; ++j) weight[j] = element<T>(float(1 + j % 5) / 4.f);
+    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
+      const std::string &kernel = o.kernel_of(c);
+      delay(random);
+      if (Options::fused(kernel) ? !fused_call<T>(k, c, kernel) : !allreduce_call<T>(k, c, kernel))
+        return;  // timed out: the host raises CollectiveTimeout
+      fill_input<T>(k, c + 1, o.elements_of(c + 1));  // the caller reuses its input at once
+    }
+  }
+
+  // --- all-reduce: Communicator._allreduce_steps ---
+  template <typename T>
+  bool allreduce_call(Rank &k, uint64_t c, const std::string &name) {
+    const uint64_t n = o.elements;
+    const auto kernel = reinterpret_cast<AllreduceEntry>(entry(allreduce_name(name)));
+    const uint64_t lanes = 16 / sizeof(T), chunk = o.max_size / sizeof(T);
     T *x = k.x.as<T>();
     T *out = o.in_place ? x : k.out.as<T>();
-    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
-      delay(random);
-      for (uint64_t first = 0; first < n; first += chunk) {
-        const uint64_t count = std::min(chunk, n - first);
-        const auto [table, in_offset] = chunk_input(k, first * sizeof(T), count * sizeof(T));
-        const uint64_t packs = count / lanes;
-        const uint64_t work = o.kernel == "oneshot" ? packs : (packs + o.world - 1) / o.world;
-        const uint32_t blocks =
-            uint32_t(std::min<uint64_t>(o.blocks, std::max<uint64_t>(1, (work + pyar::kThreads - 1) / pyar::kThreads)));
-        const uint32_t call = k.call++;
-        Pack16 *dst = reinterpret_cast<Pack16 *>(out + first);
-        host::launch(blocks, pyar::kThreads, [&] {
-          kernel(table, in_offset, dst, &k.state, count, timeout_ns, call);
-        });
-        ++k.chunks;
-      }
-      if (record_timeout(k)) return;  // the host raises CollectiveTimeout
-      for (uint64_t i = 0; i < n; ++i) {
-        const float want = exact_sum<T>(c, i);
-        if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
-      }
-      fill_input<T>(k, c + 1, n);  // the caller reuses its input at once
+    for (uint64_t first = 0; first < n; first += chunk) {
+      const uint64_t count = std::min(chunk, n - first);
+      const auto [table, in_offset] = chunk_input(k, first * sizeof(T), count * sizeof(T));
+      const uint64_t packs = count / lanes;
+      const uint64_t work = name == "oneshot" ? packs : (packs + o.world - 1) / o.world;
+      const uint64_t wanted = std::max<uint64_t>(1, (work + pyar::kThreads - 1) / pyar::kThreads);
+      const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, wanted));
+      const uint32_t call = k.call++;
+      Pack16 *dst = reinterpret_cast<Pack16 *>(out + first);
+      host::launch(blocks, pyar::kThreads, [&] {
+        kernel(table, in_offset, dst, &k.state, count, timeout_ns, call);
+      });
+      ++k.chunks;
     }
+    if (record_timeout(k)) return false;
+    for (uint64_t i = 0; i < n; ++i) {
+      const float want = exact_sum<T>(c, i);
+      if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
+    }
+    return true;
   }
 
   // --- fused all-reduce + RMSNorm: Communicator._rmsnorm_steps ---
@@ -375,53 +404,48 @@ struct Run {
   // what follows is single IEEE operations in the kernel's order, so y is
   // checked for the kernel's exact bits too.
   template <typename T>
-  void fused_rank(Rank &k) {
+  bool fused_call(Rank &k, uint64_t c, const std::string &name) {
     const uint64_t tokens = o.tokens, hidden = o.hidden, n = tokens * hidden;
     const uint64_t row_bytes = hidden * sizeof(T), chunk = o.max_size / row_bytes;
     const float eps = 1e-6f;
-    std::mt19937_64 random(o.seed * 7919u + k.rank);
     T *residual = k.residual.as<T>(), *y = k.y.as<T>(), *weight = k.weight.as<T>();
-    for (uint64_t j = 0; j < hidden; ++j) weight[j] = element<T>(float(1 + j % 5) / 4.f);
-    std::vector<float> r(hidden);
-    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
-      for (uint64_t i = 0; i < n; ++i)
-        residual[i] = element<T>(float(pattern(o.seed + 1, 0, c, i)));  // in place: reset
-      delay(random);
-      for (uint64_t first = 0; first < tokens; first += chunk) {
-        const uint64_t count = std::min(chunk, tokens - first);
-        const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
-        const RowGeometry g = row_launch(count, sizeof(T));
-        if (k.chunks == 0) k.geometry = g;
-        const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(g)));
-        const uint32_t call = k.call++;
-        Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
-        Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
-        host::launch(g.blocks, g.threads, [&] {
-          kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
-                 uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
-                 call);
-        });
-        ++k.chunks;
-      }
-      if (record_timeout(k)) return;
-      for (uint64_t t = 0; t < tokens; ++t) {
-        int squares = 0;
-        for (uint64_t j = 0; j < hidden; ++j) {
-          const uint64_t i = t * hidden + j;
-          const int sum = int(exact_sum<T>(c, i)) + pattern(o.seed + 1, 0, c, i);
-          r[j] = float(sum);
-          squares += sum * sum;
-          if (value<T>(residual[i]) != r[j]) mismatch(k, c, i, value<T>(residual[i]), r[j]);
-        }
-        const float inv_rms = 1.0f / std::sqrt(float(squares) / float(hidden) + eps);
-        for (uint64_t j = 0; j < hidden; ++j) {
-          const uint64_t i = t * hidden + j;
-          const float want = value<T>(element<T>(r[j] * inv_rms * value<T>(weight[j])));
-          if (value<T>(y[i]) != want) mismatch(k, c, i, value<T>(y[i]), want);
-        }
-      }
-      fill_input<T>(k, c + 1, n);  // the caller reuses its input at once
+    for (uint64_t i = 0; i < n; ++i)
+      residual[i] = element<T>(float(pattern(o.seed + 1, 0, c, i)));  // in place: reset
+    for (uint64_t first = 0; first < tokens; first += chunk) {
+      const uint64_t count = std::min(chunk, tokens - first);
+      const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
+      const RowGeometry g = row_launch(count, sizeof(T));
+      if (k.geometry.blocks == 0) k.geometry = g;
+      const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
+      const uint32_t call = k.call++;
+      Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
+      Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
+      host::launch(g.blocks, g.threads, [&] {
+        kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
+               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
+               call);
+      });
+      ++k.chunks;
     }
+    if (record_timeout(k)) return false;
+    std::vector<float> r(hidden);
+    for (uint64_t t = 0; t < tokens; ++t) {
+      int squares = 0;
+      for (uint64_t j = 0; j < hidden; ++j) {
+        const uint64_t i = t * hidden + j;
+        const int sum = int(exact_sum<T>(c, i)) + pattern(o.seed + 1, 0, c, i);
+        r[j] = float(sum);
+        squares += sum * sum;
+        if (value<T>(residual[i]) != r[j]) mismatch(k, c, i, value<T>(residual[i]), r[j]);
+      }
+      const float inv_rms = 1.0f / std::sqrt(float(squares) / float(hidden) + eps);
+      for (uint64_t j = 0; j < hidden; ++j) {
+        const uint64_t i = t * hidden + j;
+        const float want = value<T>(element<T>(r[j] * inv_rms * value<T>(weight[j])));
+        if (value<T>(y[i]) != want) mismatch(k, c, i, value<T>(y[i]), want);
+      }
+    }
+    return true;
   }
 
   // rmsnorm.row_launch for `tokens` rows of o.hidden elements at the host's
@@ -438,24 +462,25 @@ struct Run {
     return {per_thread, threads, uint32_t(std::max<uint64_t>(1, blocks))};
   }
 
-  std::string fused_name(const RowGeometry &g) const {
-    const std::string algo = o.kernel == "onestage" ? "one_stage" : "two_stage";
+  std::string fused_name(const std::string &name, const RowGeometry &g) const {
+    const std::string algo = name == "onestage" ? "one_stage" : "two_stage";
     return "pyar_allreduce_rmsnorm_" + algo + "_" + o.dtype + "_plain_p" +
            std::to_string(g.per_thread) + "_w" + std::to_string(o.world);
   }
 
-  std::string allreduce_name() const {
-    const std::string algo = o.kernel == "oneshot" ? "one_shot" : "two_shot";
+  std::string allreduce_name(const std::string &name) const {
+    const std::string algo = name == "oneshot" ? "one_shot" : "two_shot";
     return "pyar_allreduce_" + algo + "_" + o.dtype + "_w" + std::to_string(o.world);
   }
 
   template <typename T>
   void run() {
-    const uint64_t n = o.fused() ? o.tokens * o.hidden : o.elements;
-    if (o.fused() && (o.hidden * sizeof(T)) % 16) usage("a row is whole 16-byte packs");
-    if (o.fused() && o.hidden * sizeof(T) > o.max_size) usage("a row must fit --max-size");
+    const bool fused = o.any_fused();
+    const uint64_t n = std::max(o.elements, fused ? o.tokens * o.hidden : 0);
+    if (fused && (o.hidden * sizeof(T)) % 16) usage("a row is whole 16-byte packs");
+    if (fused && o.hidden * sizeof(T) > o.max_size) usage("a row must fit --max-size");
     const uint64_t largest = 8 * o.world + 8;  // |sum(x) + residual|
-    if (o.fused() && o.hidden * largest * largest >= (1u << 24))
+    if (fused && o.hidden * largest * largest >= (1u << 24))
       usage("--hidden too large for an exact float32 sum of squares");
     for (Rank &k : ranks) {
       k.x = Memory(n * sizeof(T));
@@ -463,13 +488,13 @@ struct Run {
       k.residual = Memory(n * sizeof(T));
       k.y = Memory(n * sizeof(T));
       k.weight = Memory(o.hidden * sizeof(T));
-      fill_input<T>(k, 0, n);
+      fill_input<T>(k, 0, o.elements_of(0));
     }
     for (uint32_t r = 0; r < o.world; ++r)
       for (uint32_t p = 0; p < o.world; ++p) ranks[r].registered.ptr[p] = ranks[p].x.data();
     std::vector<std::thread> streams;
     for (Rank &k : ranks)
-      streams.emplace_back([this, &k] { o.fused() ? fused_rank<T>(k) : allreduce_rank<T>(k); });
+      streams.emplace_back([this, &k] { rank_calls<T>(k); });
     for (std::thread &t : streams) t.join();
   }
 };
