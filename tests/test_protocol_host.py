@@ -288,9 +288,9 @@ def _detection(outcome):
 
 def test_every_barrier_removal_is_caught(driver):
     """Each barrier of each kernel (and of two-shot and two-stage taking turns) left out in
-    turn, at world 4, staged, registered and registered in chunks: caught by a ThreadSanitizer report or a wrong sum, except the
-    barriers proven redundant, which must stay uncaught. Prints the table mutation x
-    detection."""
+    turn, at world 4, staged, registered and registered in chunks: caught by a
+    ThreadSanitizer report or a wrong sum, except the barriers proven redundant, which
+    must stay uncaught. Prints the table mutation x detection."""
     rows, missed, refuted = [], [], []
     for kernel, phases in KERNEL_PHASES.items():
         ways = mutation_ways(kernel)

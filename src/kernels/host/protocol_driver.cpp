@@ -191,7 +191,8 @@ Options parse(int argc, char **argv) {
     else if (key == "--hidden") o.hidden = uint32_t(std::stoul(value));
     else if (key == "--max-size") o.max_size = std::stoull(value);
     else if (key == "--blocks") o.blocks = uint32_t(std::stoul(value));
-    else if (key == "--epoch-start") o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
+    else if (key == "--epoch-start")
+      o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
     else if (key == "--skip") o.skip = phase(value);
     else if (key == "--absent") {
       const size_t dot = value.find('.');
@@ -206,7 +207,8 @@ Options parse(int argc, char **argv) {
     else if (key == "--timeout-ms") o.timeout_ms = std::stoull(value);
     else usage("unknown option " + key);
   }
-  if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16") usage("--dtype is f32, f16 or bf16");
+  if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16")
+    usage("--dtype is f32, f16 or bf16");
   if (o.variant != "staged" && !o.registered()) usage("--variant is staged or registered");
   if (o.in_place && o.any_fused()) usage("--in-place is for the all-reduce kernels");
   // Communicator._plan: one-shot writes its output while peers read its input.
@@ -515,7 +517,8 @@ int main(int argc, char **argv) {
 #if defined(PYAR_TEST_REACHED_UNSIGNED)
   host::unsigned_reached = o.unsigned_reached;
 #else
-  if (o.unsigned_reached) usage("--reached needs -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached");
+  if (o.unsigned_reached)
+    usage("--reached needs -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached");
 #endif
   Run run(o);
   const auto started = std::chrono::steady_clock::now();
