@@ -8,7 +8,11 @@ std::atomic_ref with the GPU's release/acquire orders, peers' buffers are ordina
 The driver runs the Communicator's call sequence (staged, registered, in place, chunked)
 back to back, every rank overwriting its input as soon as its call returns (the seeds'
 pattern), with random delays of ranks and of GPU threads, and checks every result exactly
-(integer inputs).
+(integer inputs; the fused kernels' normed output too, for its exact float32 bits). The
+fused kernels launch with the geometry of rmsnorm.row_launch at the host's thread counts
+(at most 128 threads a row block), so small hidden sizes reach every packs-per-thread
+variant, and two-stage pushes its reduced packs into every rank's gather buffer (the
+partial region of each rank's buffer, as Communicator maps it).
 
 Under ThreadSanitizer an access that no barrier orders is a report even when the schedule
 happened to give the right sum, so a missing barrier is seen deterministically, not only
@@ -143,23 +147,69 @@ def test_allreduce_clean_and_exact(driver, kernel, world):
         assert outcome.row["calls"] == 12
 
 
+FUSED = ("onestage", "twostage")
+# (options, (packs per thread, threads, blocks) of the first launch): float32 rows of 200,
+# 1000 and 2040 elements are 50, 250 and 510 packs, one, two and four a thread; the last
+# lanes of each block hold clamped copies. --blocks counts 64-thread blocks, as the GPU's
+# cap counts the all-reduce's: 4 of them are 2 blocks of 128 threads. Registered in chunks
+# of 2 rows (8 KiB scratch, 4000-byte rows): 3 launches a call.
+FUSED_WAYS = {
+    "staged": (("--variant", "staged"), (1, 64, 3)),
+    "registered-chunked": (("--variant", "registered", "--max-size", 8192, "--tokens", 5,
+                            "--hidden", 1000, "--blocks", 4), (2, 128, 2)),
+    "staged-4-per-thread": (("--variant", "staged", "--tokens", 6, "--hidden", 2040,
+                             "--blocks", 4), (4, 128, 2)),
+}
+
+
+def assert_geometry(outcome, expected, what):
+    row = outcome.row
+    assert (row["packs_per_thread"], row["threads"], row["blocks"]) == expected, (what, row)
+
+
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("kernel", ["onestage", "twostage"])
+@pytest.mark.parametrize("kernel", FUSED)
 def test_fused_clean_and_exact(driver, kernel, world):
-    """The fused kernels staged, and registered in chunks (rows per chunk: 4 KiB of
-    1 KiB rows): zero reports, exact residual sums, the norm within float32 rounding."""
-    for options in (("--variant", "staged"),
-                    ("--variant", "registered", "--max-size", "4096", "--tokens", "10",
-                     "--hidden", "256")):
+    """The fused kernels staged and registered in chunks, at one, two and four packs a
+    thread: zero reports, exact residual sums and normed outputs."""
+    for way, (options, geometry) in FUSED_WAYS.items():
         outcome = run(driver, kernel, world, *options, "--calls", 5, "--seed", world, *DELAYS)
-        assert_clean(outcome, f"{kernel} {options} at world {world}")
+        assert_clean(outcome, f"{kernel} {way} at world {world}")
+        assert_geometry(outcome, geometry, f"{kernel} {way} at world {world}")
+
+
+# Two-shot all-reduces and two-stage fused calls taking turns, as "auto" interleaves them:
+# both kernels use the partial region of every rank (two-shot its own shard, two-stage the
+# gather buffer its peers push into).
+MIXED = "twoshot+twostage"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_twoshot_and_twostage_share_the_partial_region(driver, world):
+    """Calls alternating between the two kernels that use the partial region, staged and
+    registered in chunks: zero reports, exact sums and normed outputs."""
+    for way, (options, _) in FUSED_WAYS.items():
+        if way == "staged-4-per-thread":
+            continue
+        outcome = run(driver, MIXED, world, *options, "--calls", 6, "--seed", world, *DELAYS)
+        assert_clean(outcome, f"{MIXED} {way} at world {world}")
+
+
+# 16-bit rows of 200 and 2000 elements: 25 packs (one a thread, 64 threads) and 250 (two
+# a thread, 128 threads).
+HALF_RUNS = (("oneshot", 3, ()), ("twoshot", 3, ()),
+             ("onestage", 2, (("--hidden", 200), (1, 64, 3))),
+             ("twostage", 3, (("--hidden", 2000, "--tokens", 6, "--blocks", 4), (2, 128, 2))))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_half_types_clean_and_exact(driver, dtype):
-    for kernel, world in (("oneshot", 3), ("twoshot", 3), ("onestage", 2)):
-        outcome = run(driver, kernel, world, "--dtype", dtype, "--calls", 5, *DELAYS)
+    for kernel, world, fused in HALF_RUNS:
+        options, geometry = fused or ((), None)
+        outcome = run(driver, kernel, world, "--dtype", dtype, *options, "--calls", 5, *DELAYS)
         assert_clean(outcome, f"{kernel} {dtype} at world {world}")
+        if geometry:
+            assert_geometry(outcome, geometry, f"{kernel} {dtype}")
 
 
 @pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage"])
@@ -167,7 +217,7 @@ def test_half_types_clean_and_exact(driver, dtype):
 def test_epochs_across_the_32_bit_wrap(driver, kernel, variant):
     """Every block's epoch starts 4 calls before 2**32 (the test hook, as if 2**32 - 4 calls
     had run) and the calls go on past it: the wrap-safe comparison keeps every barrier."""
-    calls = 5 if kernel in ("onestage", "twostage") else 10
+    calls = 5 if kernel in FUSED else 10
     outcome = run(driver, kernel, 4, "--variant", variant, "--epoch-start", WRAP_START,
                   "--calls", calls, *DELAYS)
     assert_clean(outcome, f"{kernel} {variant} across the epoch wrap")
@@ -203,14 +253,29 @@ KERNEL_PHASES = {
     "twoshot": ("start", "mid", "exit"),
     "onestage": ("start", "exit"),
     "twostage": ("start", "mid", "exit"),
+    MIXED: ("start", "mid", "exit"),
 }
 REDUNDANT = {
     ("twoshot", "exit"): "peers read the input and the partial scratch only before mid; "
                          "the scratch is rewritten after the next start (allreduce.cu)",
-    ("twostage", "exit"): "the input is read only before mid; the scratch is rewritten "
-                          "after the next start (allreduce_rmsnorm.cu)",
+    ("twostage", "exit"): "peers read the input only before mid (block b's mid waits for "
+                          "every rank's block b, which reads only block b's rows); peers "
+                          "push into the gather buffer only after the next call's start "
+                          "barrier, which needs this rank's start flag, stored once its "
+                          "whole previous kernel returned (allreduce_rmsnorm.cu)",
+    (MIXED, "exit"): "every write into any rank's partial region (two-shot's shard, "
+                     "two-stage's pushes) follows the writer's start barrier, and every "
+                     "read of it precedes the end of the reader's kernel: both reasons above",
 }
-MUTATION_WAYS = {"staged": ("--variant", "staged"), "registered": ("--variant", "registered")}
+
+
+def mutation_ways(kernel):
+    """Staged, registered, and registered in chunks: the chunks of one call run back to
+    back, the next launch's peers pushing into (or reading) what this one used."""
+    chunked = (ALLREDUCE_WAYS["registered-chunked"][0] if kernel in ("oneshot", "twoshot")
+               else FUSED_WAYS["registered-chunked"][0])
+    return {"staged": ("--variant", "staged"), "registered": ("--variant", "registered"),
+            "chunked": chunked}
 
 
 def _detection(outcome):
@@ -222,27 +287,30 @@ def _detection(outcome):
 
 
 def test_every_barrier_removal_is_caught(driver):
-    """Each barrier of each kernel left out in turn, at world 4, staged and registered:
-    caught by a ThreadSanitizer report or a wrong sum, except the barriers proven redundant,
-    which must stay uncaught. Prints the table mutation x detection."""
+    """Each barrier of each kernel (and of two-shot and two-stage taking turns) left out in
+    turn, at world 4, staged, registered and registered in chunks: caught by a
+    ThreadSanitizer report or a wrong sum, except the barriers proven redundant, which
+    must stay uncaught. Prints the table mutation x detection."""
     rows, missed, refuted = [], [], []
     for kernel, phases in KERNEL_PHASES.items():
+        ways = mutation_ways(kernel)
         for phase in phases:
-            calls = 4 if kernel in ("onestage", "twostage") else 10
+            calls = {"oneshot": 10, "twoshot": 10, MIXED: 6}.get(kernel, 4)
             found = {way: _detection(run(driver, kernel, 4, *options, "--skip", phase,
                                          "--calls", calls, *DELAYS))
-                     for way, options in MUTATION_WAYS.items()}
+                     for way, options in ways.items()}
             reason = REDUNDANT.get((kernel, phase))
             caught = [w for w, d in found.items() if d != "not caught"]
             if reason is None and len(caught) < len(found):
                 missed.append((kernel, phase, found))
             if reason is not None and caught:
                 refuted.append((kernel, phase, found))
-            rows.append((f"{kernel} without {phase}", found["staged"], found["registered"],
+            rows.append((f"{kernel} without {phase}", *found.values(),
                          "redundant: " + reason if reason else ""))
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{'mutation':<{width}}  {'staged':<16}  {'registered':<16}  note"]
-    lines += [f"{a:<{width}}  {b:<16}  {c:<16}  {d}" for a, b, c, d in rows]
-    print("\n" + "\n".join(lines))
+    header = ("mutation", *mutation_ways("oneshot"), "note")
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header) - 1)]
+    print()
+    for row in (header, *rows):
+        print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths)) + "  " + row[-1])
     assert not missed, f"barrier removals nobody caught: {missed}"
     assert not refuted, f"barriers listed as redundant whose removal was caught: {refuted}"

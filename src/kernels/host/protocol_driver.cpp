@@ -5,26 +5,33 @@
 // ThreadSanitizer, and with barriers left out) and runs it.
 //
 // Every rank owns what a Communicator allocates: one buffer holding the
-// Signal area, the staging scratch and the two-shot scratch (zeroed, the
-// peers' copies ordinary memory of the process), a CommState naming every
-// rank's buffer, the staged input table and the error record.  Each rank's
-// thread is its stream: per call it may be delayed (the GPU tests' spin
-// kernel), stages each chunk into its scratch or passes the registered
-// table, launches the kernel (host_grid.h: returns when every block has),
-// checks the result exactly, and at once overwrites its input with the next
-// call's -- the seeds' write-after-read pattern.  Inputs are integers in
-// [-8, 8], so every sum is exact in every dtype and any order.
+// Signal area, the staging scratch and the partial region (the two-shot
+// scratch, and the gather buffer every rank's two-stage blocks push their
+// reduced packs into), zeroed, the peers' copies ordinary memory of the
+// process; a CommState naming every rank's buffer, the staged input table
+// and the error record.  Each rank's thread is its stream: per call it may
+// be delayed (the GPU tests' spin kernel), stages each chunk into its
+// scratch or passes the registered table, launches the kernel (host_grid.h:
+// returns when every block has), checks the result exactly, and at once
+// overwrites its input with the next call's -- the seeds' write-after-read
+// pattern.  Inputs are integers in [-8, 8], so every sum is exact in every
+// dtype and any order.  The fused kernels launch with the geometry of
+// pyar/comm/rmsnorm.py row_launch, at the host's thread counts
+// (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | onestage | twostage
+//   KERNEL     oneshot | twoshot | onestage | twostage, or several joined by
+//              '+' that take turns call by call (twoshot+twostage: two
+//              kernels sharing the partial region back to back)
 //   --dtype    f32 | f16 | bf16                   (f32)
 //   --variant  staged | registered                (staged)
 //   --in-place 0 | 1   out is the input (all-reduce only)   (0)
 //   --calls N  back-to-back calls                 (40)
 //   --elements N   all-reduce elements per call   (3001)
-//   --tokens N --hidden N   fused rows per call    (40, 1024)
+//   --tokens N --hidden N   fused rows per call    (12, 200)
 //   --max-size BYTES   scratch per rank: larger calls go in chunks (1 MiB)
-//   --blocks N     the grid cap (Communicator._max_blocks)   (3)
+//   --blocks N     the grid cap (Communicator._max_blocks), in blocks of
+//                  kThreads; row_launch scales it to the row blocks   (3)
 //   --epoch-start E    every block's epoch starts at E (and every flag holds it)
 //   --skip start | mid | exit   leave that barrier out (a mutation run)
 //   --absent R.C   rank R makes no call from its call C on (the peers time out)
@@ -49,6 +56,7 @@ inline bool unsigned_reached = false;
 #include "allreduce.cu"
 #include "allreduce_rmsnorm.cu"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +80,15 @@ using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16
                             const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *, uint32_t,
                             float, uint32_t, uint32_t, const CommState *, uint64_t, uint32_t);
 
+// The most threads of a row block here (the GPU's is kMaxRowThreads): rows
+// of up to 128 packs run one pack per thread, wider ones 2 or 4, so small
+// hidden sizes reach every packs-per-thread variant at few lanes.
+constexpr uint32_t kHostRowThreads = 2 * pyar::kThreads;
+constexpr uint32_t kRowThreadQuantum = 64;  // rmsnorm.ROW_THREAD_QUANTUM
+static_assert(kHostRowThreads % kRowThreadQuantum == 0 &&
+                  kHostRowThreads <= uint32_t(pyar::kMaxRowThreads),
+              "a host row block is whole quanta within the kernels' bound");
+
 #define PYAR_NAMED(entry) {#entry, reinterpret_cast<void *>(&entry)}
 #define PYAR_NAMED_WORLDS(prefix)                                                            \
   PYAR_NAMED(prefix##_w2), PYAR_NAMED(prefix##_w3), PYAR_NAMED(prefix##_w4),                  \
@@ -79,13 +96,20 @@ using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16
       PYAR_NAMED(prefix##_w8)
 #define PYAR_NAMED_TYPES(prefix) \
   PYAR_NAMED_WORLDS(prefix##_f32), PYAR_NAMED_WORLDS(prefix##_f16), PYAR_NAMED_WORLDS(prefix##_bf16)
+// The fused kernels without quantization (the protocol is the same for every
+// kind), at every packs-per-thread count the sources build.
+#define PYAR_NAMED_ROWS(prefix)                                                               \
+  PYAR_NAMED_WORLDS(prefix##_f32_plain_p1), PYAR_NAMED_WORLDS(prefix##_f32_plain_p2),         \
+      PYAR_NAMED_WORLDS(prefix##_f32_plain_p4), PYAR_NAMED_WORLDS(prefix##_f16_plain_p1),     \
+      PYAR_NAMED_WORLDS(prefix##_f16_plain_p2), PYAR_NAMED_WORLDS(prefix##_bf16_plain_p1),    \
+      PYAR_NAMED_WORLDS(prefix##_bf16_plain_p2)
 
 const std::map<std::string, void *> &entries() {
   static const std::map<std::string, void *> table = {
       PYAR_NAMED_TYPES(pyar_allreduce_one_shot),
       PYAR_NAMED_TYPES(pyar_allreduce_two_shot),
-      PYAR_NAMED_TYPES(pyar_allreduce_rmsnorm_one_stage),
-      PYAR_NAMED_TYPES(pyar_allreduce_rmsnorm_two_stage),
+      PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_one_stage),
+      PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_two_stage),
   };
   return table;
 }
@@ -108,8 +132,8 @@ struct Options {
   uint32_t world = 0;
   bool in_place = false;
   uint32_t calls = 40;
-  uint64_t elements = 3001, tokens = 40;
-  uint32_t hidden = 1024;
+  uint64_t elements = 3001, tokens = 12;
+  uint32_t hidden = 200;
   uint64_t max_size = 1 << 20;
   uint32_t blocks = 3;
   bool set_epoch = false;
@@ -122,7 +146,14 @@ struct Options {
   int skip = -1;
   bool unsigned_reached = false;
 
-  bool fused() const { return kernel == "onestage" || kernel == "twostage"; }
+  std::vector<std::string> kernels;  // call c runs kernels[c % size]
+
+  static bool fused(const std::string &k) { return k == "onestage" || k == "twostage"; }
+  bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
+  const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
+  uint64_t elements_of(uint64_t call) const {
+    return fused(kernel_of(call)) ? tokens * hidden : elements;
+  }
   bool registered() const { return variant == "registered"; }
 };
 
@@ -138,8 +169,15 @@ Options parse(int argc, char **argv) {
   Options o;
   o.kernel = argv[1];
   o.world = uint32_t(std::stoul(argv[2]));
-  if (o.kernel != "oneshot" && o.kernel != "twoshot" && !o.fused())
-    usage("KERNEL is oneshot, twoshot, onestage or twostage, not " + o.kernel);
+  for (size_t first = 0; first <= o.kernel.size();) {
+    const size_t plus = std::min(o.kernel.find('+', first), o.kernel.size());
+    o.kernels.push_back(o.kernel.substr(first, plus - first));
+    const std::string &k = o.kernels.back();
+    if (k != "oneshot" && k != "twoshot" && !Options::fused(k))
+      usage("KERNEL is oneshot, twoshot, onestage or twostage, or several joined by '+', not " +
+            o.kernel);
+    first = plus + 1;
+  }
   if (o.world < 2 || o.world > uint32_t(pyar::kMaxRanks)) usage("WORLD is 2..8");
   for (int i = 3; i + 1 < argc + 1; i += 2) {
     if (i + 1 >= argc) usage(std::string("no value after ") + argv[i]);
@@ -153,7 +191,8 @@ Options parse(int argc, char **argv) {
     else if (key == "--hidden") o.hidden = uint32_t(std::stoul(value));
     else if (key == "--max-size") o.max_size = std::stoull(value);
     else if (key == "--blocks") o.blocks = uint32_t(std::stoul(value));
-    else if (key == "--epoch-start") o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
+    else if (key == "--epoch-start")
+      o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
     else if (key == "--skip") o.skip = phase(value);
     else if (key == "--absent") {
       const size_t dot = value.find('.');
@@ -168,11 +207,13 @@ Options parse(int argc, char **argv) {
     else if (key == "--timeout-ms") o.timeout_ms = std::stoull(value);
     else usage("unknown option " + key);
   }
-  if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16") usage("--dtype is f32, f16 or bf16");
+  if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16")
+    usage("--dtype is f32, f16 or bf16");
   if (o.variant != "staged" && !o.registered()) usage("--variant is staged or registered");
-  if (o.in_place && o.fused()) usage("--in-place is for the all-reduce kernels");
+  if (o.in_place && o.any_fused()) usage("--in-place is for the all-reduce kernels");
   // Communicator._plan: one-shot writes its output while peers read its input.
-  if (o.in_place && o.registered() && o.kernel == "oneshot")
+  const bool oneshot = std::count(o.kernels.begin(), o.kernels.end(), "oneshot") > 0;
+  if (o.in_place && o.registered() && oneshot)
     usage("one-shot cannot write in place over a registered input");
   if (o.max_size % sizeof(Pack16) || o.max_size == 0) usage("--max-size is a multiple of 16");
   if (o.blocks == 0 || o.blocks > uint32_t(pyar::kMaxBlocks)) usage("--blocks is 1..256");
@@ -204,9 +245,14 @@ struct Memory {
   Pack16 *data() { return packs.data(); }
 };
 
+// A row kernel's launch (rmsnorm.RowLaunch).
+struct RowGeometry {
+  uint32_t per_thread = 0, threads = 0, blocks = 0;
+};
+
 struct Rank {
   uint32_t rank = 0;
-  Memory buffer;  // Signal area | staging scratch | two-shot scratch
+  Memory buffer;  // Signal area | staging scratch | partial region (two-shot, two-stage gather)
   CommState state{};
   InputTable staged{}, registered{};
   uint32_t error[2 + pyar::kMaxRanks] = {};
@@ -215,6 +261,7 @@ struct Rank {
   uint64_t mismatches = 0, timeouts = 0, chunks = 0;
   uint32_t missing = 0;  // bit r: rank r never arrived, by the error record
   uint32_t timed_out_call = 0;
+  RowGeometry geometry;  // the first fused launch's
   std::string first_mismatch;
 
   pyar::Signal *signal() { return reinterpret_cast<pyar::Signal *>(buffer.data()); }
@@ -288,8 +335,8 @@ struct Run {
   void mismatch(Rank &k, uint64_t call, uint64_t i, float got, float want) {
     if (k.mismatches++ == 0) {
       char text[160];
-      std::snprintf(text, sizeof text, "rank %u call %llu element %llu: got %g, want %g", k.rank,
-                    (unsigned long long)call, (unsigned long long)i, got, want);
+      std::snprintf(text, sizeof text, "rank %u call %llu element %llu: got %.9g, want %.9g",
+                    k.rank, (unsigned long long)call, (unsigned long long)i, got, want);
       k.first_mismatch = text;
     }
   }
@@ -307,123 +354,149 @@ struct Run {
     return float(total);
   }
 
-  // --- all-reduce: Communicator._launch ---
+  // --- one rank's stream: its calls, each kernel's checks ---
   template <typename T>
-  void allreduce_rank(Rank &k) {
-    const uint64_t n = o.elements;
-    const auto kernel = reinterpret_cast<AllreduceEntry>(entry(name<T>()));
-    const uint64_t lanes = 16 / sizeof(T), chunk = o.max_size / sizeof(T);
+  void rank_calls(Rank &k) {
     std::mt19937_64 random(o.seed * 7919u + k.rank);
+    T *weight = k.weight.as<T>();
+    for (uint64_t j = 0; j < o.hidden; ++j) weight[j] = element<T>(float(1 + j % 5) / 4.f);
+    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
+      const std::string &kernel = o.kernel_of(c);
+      delay(random);
+      if (Options::fused(kernel) ? !fused_call<T>(k, c, kernel) : !allreduce_call<T>(k, c, kernel))
+        return;  // timed out: the host raises CollectiveTimeout
+      fill_input<T>(k, c + 1, o.elements_of(c + 1));  // the caller reuses its input at once
+    }
+  }
+
+  // --- all-reduce: Communicator._allreduce_steps ---
+  template <typename T>
+  bool allreduce_call(Rank &k, uint64_t c, const std::string &name) {
+    const uint64_t n = o.elements;
+    const auto kernel = reinterpret_cast<AllreduceEntry>(entry(allreduce_name(name)));
+    const uint64_t lanes = 16 / sizeof(T), chunk = o.max_size / sizeof(T);
     T *x = k.x.as<T>();
     T *out = o.in_place ? x : k.out.as<T>();
-    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
-      delay(random);
-      for (uint64_t first = 0; first < n; first += chunk) {
-        const uint64_t count = std::min(chunk, n - first);
-        const auto [table, in_offset] = chunk_input(k, first * sizeof(T), count * sizeof(T));
-        const uint64_t packs = count / lanes;
-        const uint64_t work = o.kernel == "oneshot" ? packs : (packs + o.world - 1) / o.world;
-        const uint32_t blocks =
-            uint32_t(std::min<uint64_t>(o.blocks, std::max<uint64_t>(1, (work + pyar::kThreads - 1) / pyar::kThreads)));
-        const uint32_t call = k.call++;
-        Pack16 *dst = reinterpret_cast<Pack16 *>(out + first);
-        host::launch(blocks, pyar::kThreads, [&] {
-          kernel(table, in_offset, dst, &k.state, count, timeout_ns, call);
-        });
-        ++k.chunks;
-      }
-      if (record_timeout(k)) return;  // the host raises CollectiveTimeout
-      for (uint64_t i = 0; i < n; ++i) {
-        const float want = exact_sum<T>(c, i);
-        if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
-      }
-      fill_input<T>(k, c + 1, n);  // the caller reuses its input at once
+    for (uint64_t first = 0; first < n; first += chunk) {
+      const uint64_t count = std::min(chunk, n - first);
+      const auto [table, in_offset] = chunk_input(k, first * sizeof(T), count * sizeof(T));
+      const uint64_t packs = count / lanes;
+      const uint64_t work = name == "oneshot" ? packs : (packs + o.world - 1) / o.world;
+      const uint64_t wanted = std::max<uint64_t>(1, (work + pyar::kThreads - 1) / pyar::kThreads);
+      const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, wanted));
+      const uint32_t call = k.call++;
+      Pack16 *dst = reinterpret_cast<Pack16 *>(out + first);
+      host::launch(blocks, pyar::kThreads, [&] {
+        kernel(table, in_offset, dst, &k.state, count, timeout_ns, call);
+      });
+      ++k.chunks;
     }
+    if (record_timeout(k)) return false;
+    for (uint64_t i = 0; i < n; ++i) {
+      const float want = exact_sum<T>(c, i);
+      if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
+    }
+    return true;
   }
 
-  // --- fused all-reduce + RMSNorm: Communicator._launch_rmsnorm ---
+  // --- fused all-reduce + RMSNorm: Communicator._rmsnorm_steps ---
   // Inputs x and residual are integers, the weight multiples of 1/4: the
-  // residual output r = sum(x) + residual is exact, y = rmsnorm(r) * weight
-  // is checked against float64 with the dtype's tolerance.
+  // residual output r = sum(x) + residual is exact, and so is the sum of
+  // squares of a row (integers below 2^24, exact in float32 in any order);
+  // what follows is single IEEE operations in the kernel's order, so y is
+  // checked for the kernel's exact bits too.
   template <typename T>
-  void fused_rank(Rank &k) {
+  bool fused_call(Rank &k, uint64_t c, const std::string &name) {
     const uint64_t tokens = o.tokens, hidden = o.hidden, n = tokens * hidden;
-    const auto kernel = reinterpret_cast<FusedEntry>(entry(name<T>()));
     const uint64_t row_bytes = hidden * sizeof(T), chunk = o.max_size / row_bytes;
     const float eps = 1e-6f;
-    const double tolerance = sizeof(T) == 4 ? 1e-5 : o.dtype == "f16" ? 2e-3 : 1.6e-2;
-    std::mt19937_64 random(o.seed * 7919u + k.rank);
     T *residual = k.residual.as<T>(), *y = k.y.as<T>(), *weight = k.weight.as<T>();
-    for (uint64_t j = 0; j < hidden; ++j) weight[j] = element<T>(float(1 + j % 5) / 4.f);
-    std::vector<double> r(hidden);
-    for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
-      for (uint64_t i = 0; i < n; ++i)
-        residual[i] = element<T>(float(pattern(o.seed + 1, 0, c, i)));  // in place: reset
-      delay(random);
-      for (uint64_t first = 0; first < tokens; first += chunk) {
-        const uint64_t count = std::min(chunk, tokens - first);
-        const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
-        const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, count));
-        const uint32_t call = k.call++;
-        Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
-        Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
-        host::launch(blocks, pyar::kThreads, [&] {
-          kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
-                 uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
-                 call);
-        });
-        ++k.chunks;
-      }
-      if (record_timeout(k)) return;
-      for (uint64_t t = 0; t < tokens; ++t) {
-        double squares = 0;
-        for (uint64_t j = 0; j < hidden; ++j) {
-          const uint64_t i = t * hidden + j;
-          r[j] = exact_sum<T>(c, i) + pattern(o.seed + 1, 0, c, i);
-          squares += r[j] * r[j];
-          if (value<T>(residual[i]) != float(r[j])) mismatch(k, c, i, value<T>(residual[i]), float(r[j]));
-        }
-        const double inv_rms = 1.0 / std::sqrt(squares / double(hidden) + eps);
-        for (uint64_t j = 0; j < hidden; ++j) {
-          const uint64_t i = t * hidden + j;
-          const double want = r[j] * inv_rms * value<T>(weight[j]);
-          const double got = value<T>(y[i]);
-          if (!(std::fabs(got - want) <= tolerance * std::fabs(want) + 1e-6))
-            mismatch(k, c, i, float(got), float(want));
-        }
-      }
-      fill_input<T>(k, c + 1, n);  // the caller reuses its input at once
+    for (uint64_t i = 0; i < n; ++i)
+      residual[i] = element<T>(float(pattern(o.seed + 1, 0, c, i)));  // in place: reset
+    for (uint64_t first = 0; first < tokens; first += chunk) {
+      const uint64_t count = std::min(chunk, tokens - first);
+      const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
+      const RowGeometry g = row_launch(count, sizeof(T));
+      if (k.geometry.blocks == 0) k.geometry = g;
+      const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
+      const uint32_t call = k.call++;
+      Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
+      Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
+      host::launch(g.blocks, g.threads, [&] {
+        kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
+               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
+               call);
+      });
+      ++k.chunks;
     }
+    if (record_timeout(k)) return false;
+    std::vector<float> r(hidden);
+    for (uint64_t t = 0; t < tokens; ++t) {
+      int squares = 0;
+      for (uint64_t j = 0; j < hidden; ++j) {
+        const uint64_t i = t * hidden + j;
+        const int sum = int(exact_sum<T>(c, i)) + pattern(o.seed + 1, 0, c, i);
+        r[j] = float(sum);
+        squares += sum * sum;
+        if (value<T>(residual[i]) != r[j]) mismatch(k, c, i, value<T>(residual[i]), r[j]);
+      }
+      const float inv_rms = 1.0f / std::sqrt(float(squares) / float(hidden) + eps);
+      for (uint64_t j = 0; j < hidden; ++j) {
+        const uint64_t i = t * hidden + j;
+        const float want = value<T>(element<T>(r[j] * inv_rms * value<T>(weight[j])));
+        if (value<T>(y[i]) != want) mismatch(k, c, i, value<T>(y[i]), want);
+      }
+    }
+    return true;
   }
 
-  template <typename T>
-  std::string name() const {
-    static const std::map<std::string, std::string> kernels = {
-        {"oneshot", "pyar_allreduce_one_shot"},
-        {"twoshot", "pyar_allreduce_two_shot"},
-        {"onestage", "pyar_allreduce_rmsnorm_one_stage"},
-        {"twostage", "pyar_allreduce_rmsnorm_two_stage"}};
-    return kernels.at(o.kernel) + "_" + o.dtype + "_w" + std::to_string(o.world);
+  // rmsnorm.row_launch for `tokens` rows of o.hidden elements at the host's
+  // thread counts: block_cap (--blocks) counts blocks of the all-reduce's
+  // kThreads, half a row block's most, as on the GPU.
+  RowGeometry row_launch(uint64_t tokens, uint32_t itemsize) const {
+    const uint32_t packs = o.hidden * itemsize / 16;
+    uint32_t per_thread = 1;
+    while ((packs + per_thread - 1) / per_thread > kHostRowThreads) per_thread *= 2;
+    uint32_t threads = (packs + per_thread - 1) / per_thread;
+    threads = (threads + kRowThreadQuantum - 1) / kRowThreadQuantum * kRowThreadQuantum;
+    const uint64_t scaled = uint64_t(o.blocks) * (2 * uint32_t(pyar::kThreads) / threads) / 2;
+    const uint64_t blocks = std::min({tokens, scaled, uint64_t(pyar::kMaxBlocks)});
+    return {per_thread, threads, uint32_t(std::max<uint64_t>(1, blocks))};
+  }
+
+  std::string fused_name(const std::string &name, const RowGeometry &g) const {
+    const std::string algo = name == "onestage" ? "one_stage" : "two_stage";
+    return "pyar_allreduce_rmsnorm_" + algo + "_" + o.dtype + "_plain_p" +
+           std::to_string(g.per_thread) + "_w" + std::to_string(o.world);
+  }
+
+  std::string allreduce_name(const std::string &name) const {
+    const std::string algo = name == "oneshot" ? "one_shot" : "two_shot";
+    return "pyar_allreduce_" + algo + "_" + o.dtype + "_w" + std::to_string(o.world);
   }
 
   template <typename T>
   void run() {
-    const uint64_t n = o.fused() ? o.tokens * o.hidden : o.elements;
-    if (o.fused() && (o.hidden * sizeof(T)) % 16) usage("a row is whole 16-byte packs");
-    if (o.fused() && o.hidden * sizeof(T) > o.max_size) usage("a row must fit --max-size");
+    const bool fused = o.any_fused();
+    const uint64_t n = std::max(o.elements, fused ? o.tokens * o.hidden : 0);
+    if (fused && (o.hidden * sizeof(T)) % 16) usage("a row is whole 16-byte packs");
+    if (fused && o.hidden * sizeof(T) > o.max_size) usage("a row must fit --max-size");
+    const uint64_t largest = 8 * o.world + 8;  // |sum(x) + residual|
+    if (fused && o.hidden * largest * largest >= (1u << 24))
+      usage("--hidden too large for an exact float32 sum of squares");
     for (Rank &k : ranks) {
       k.x = Memory(n * sizeof(T));
       k.out = Memory(n * sizeof(T));
       k.residual = Memory(n * sizeof(T));
       k.y = Memory(n * sizeof(T));
       k.weight = Memory(o.hidden * sizeof(T));
-      fill_input<T>(k, 0, n);
+      fill_input<T>(k, 0, o.elements_of(0));
     }
     for (uint32_t r = 0; r < o.world; ++r)
       for (uint32_t p = 0; p < o.world; ++p) ranks[r].registered.ptr[p] = ranks[p].x.data();
     std::vector<std::thread> streams;
     for (Rank &k : ranks)
-      streams.emplace_back([this, &k] { o.fused() ? fused_rank<T>(k) : allreduce_rank<T>(k); });
+      streams.emplace_back([this, &k] { rank_calls<T>(k); });
     for (std::thread &t : streams) t.join();
   }
 };
@@ -444,7 +517,8 @@ int main(int argc, char **argv) {
 #if defined(PYAR_TEST_REACHED_UNSIGNED)
   host::unsigned_reached = o.unsigned_reached;
 #else
-  if (o.unsigned_reached) usage("--reached needs -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached");
+  if (o.unsigned_reached)
+    usage("--reached needs -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached");
 #endif
   Run run(o);
   const auto started = std::chrono::steady_clock::now();
@@ -465,16 +539,17 @@ int main(int argc, char **argv) {
     chunks += k.chunks;
     if (first.empty()) first = k.first_mismatch;
   }
+  const RowGeometry row = run.ranks[0].geometry;  // fused only: the first launch's
   for (uint32_t r = 0; r < o.world; ++r)
     if (never_arrived >> r & 1u) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   std::printf(
       "{\"kernel\": \"%s\", \"world\": %u, \"dtype\": \"%s\", \"variant\": \"%s\", "
       "\"in_place\": %s, \"calls\": %u, \"launches\": %llu, \"mismatches\": %llu, "
       "\"timeouts\": %llu, \"missing\": [%s], \"timed_out_calls\": [%s], \"seconds\": %.2f, "
-      "\"first_mismatch\": \"%s\"}\n",
+      "\"packs_per_thread\": %u, \"threads\": %u, \"blocks\": %u, \"first_mismatch\": \"%s\"}\n",
       o.kernel.c_str(), o.world, o.dtype.c_str(), o.variant.c_str(),
       o.in_place ? "true" : "false", o.calls, (unsigned long long)chunks,
-      (unsigned long long)mismatches, (unsigned long long)timeouts, missing.c_str(), timed_out_calls.c_str(), seconds,
-      first.c_str());
+      (unsigned long long)mismatches, (unsigned long long)timeouts, missing.c_str(),
+      timed_out_calls.c_str(), seconds, row.per_thread, row.threads, row.blocks, first.c_str());
   return mismatches == 0 && timeouts == 0 ? 0 : 1;
 }

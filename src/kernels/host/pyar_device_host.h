@@ -57,6 +57,7 @@ inline float __uint_as_float(uint32_t u) {
   return x;
 }
 inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE, round to nearest
+inline int __ffs(int x) { return __builtin_ffs(x); }
 
 struct __half {
   _Float16 value;
@@ -75,8 +76,11 @@ PYAR_DEVICE void store_release_system(uint32_t *flag, uint32_t value) {
 // fiber switch of __syncthreads orders them (the GPU adds a wait on AMD).
 PYAR_DEVICE void sync_block_before_release() { __syncthreads(); }
 
-// Stores into peers' memory precede the barrier's release: on the host the
-// block's lanes are one OS thread, whose program order already gives it.
+// Stores into peers' memory (the two-stage pushes) precede the barrier's
+// release: on the host every lane's stores precede, in the program order of
+// the block's one OS thread, the fiber switch of sync_block_before_release,
+// and the release store follows it.  So a missing fence_system is a matter
+// of the GPU's memory model this build cannot see; it sees a missing barrier.
 PYAR_DEVICE void fence_system() {}
 
 PYAR_DEVICE uint32_t load_acquire_system(const uint32_t *flag) {
