@@ -227,8 +227,10 @@ def stream_ordered_memory(size, stream=None):
     ``stream``: a PoolMemory, or a DeviceMemory where the runtime or device
     has no stream-ordered pool.  ``stream=None``: the memory may be used on
     any stream, so freeing it waits for the device; ``Stream.null()`` orders
-    it on the legacy stream instead.  Refused on a stream that is capturing
-    a graph (the allocation would belong to the graph)."""
+    it on the legacy stream instead.  A stream given as a bare int handle may
+    be destroyed before the memory goes, so that memory is freed as if it had
+    no stream.  Refused on a stream that is capturing a graph (the allocation
+    would belong to the graph)."""
     global _pool_unsupported
     cdef size_t nbytes = checked_size(size, "size")
     cdef PoolMemory memory
@@ -266,7 +268,11 @@ def stream_ordered_memory(size, stream=None):
     memory.ptr = <uintptr_t>ptr
     memory.size = nbytes
     memory.device = device
-    memory._stream = owner
+    # A stream known only by its handle (an int, no owner kept) may be
+    # destroyed before the memory goes: such memory is freed like memory
+    # allocated without a stream.
+    memory._stream = owner if owner is not None and (
+        owner._handle == NULL or owner._owned or owner._owner is not None) else None
     memory._owned = True
     return memory
 
