@@ -169,6 +169,31 @@ def _invalidates(instruction, arch):
     return instruction.mnemonic == "buffer_wbinvl1_vol"
 
 
+def _fence_before_barrier(code, i):
+    """Whether the buffer_wbl2 at ``i`` is a thread's own system fence
+    (__threadfence_system over its stores to peers, before a barrier): it
+    reaches a block barrier before any store, and the release after that
+    barrier is checked on its own."""
+    following = next((later for later in code[i + 1:] if later.mnemonic == "s_barrier"
+                      or (is_vector_memory(later) and "_load" not in later.mnemonic)), None)
+    return following is not None and following.mnemonic == "s_barrier"
+
+
+def _barrier_problems(code, i):
+    """[why] when the block barrier before the release at ``i`` (the nearest
+    s_barrier) is not preceded by the waves' own s_waitcnt vmcnt(0)."""
+    barrier = next((j for j in range(i - 1, -1, -1) if code[j].mnemonic == "s_barrier"), None)
+    if barrier is None:
+        return [f"{code[i]!r}: no s_barrier before it"]
+    for earlier in reversed(code[:barrier]):
+        if _waits_for_memory(earlier):
+            return []
+        if is_vector_memory(earlier) or _ends_block(earlier):
+            return [f"{code[barrier]!r} before {code[i]!r}: {earlier!r} reaches it without "
+                    "s_waitcnt vmcnt(0)"]
+    return []
+
+
 def amd_release_problems(code):
     """(releases, [why]) for every buffer_wbl2 whose write-back is not waited
     for before the next store, atomic or branch, or whose block barrier
@@ -178,17 +203,8 @@ def amd_release_problems(code):
         if instruction.mnemonic != "buffer_wbl2":
             continue
         releases += 1
-        barrier = next((j for j in range(i - 1, -1, -1) if code[j].mnemonic == "s_barrier"), None)
-        if barrier is None:
-            problems.append(f"{instruction!r}: no s_barrier before it")
-        else:
-            for earlier in reversed(code[:barrier]):
-                if _waits_for_memory(earlier):
-                    break
-                if is_vector_memory(earlier) or _ends_block(earlier):
-                    problems.append(f"{code[barrier]!r} before {instruction!r}: {earlier!r} "
-                                    "reaches it without s_waitcnt vmcnt(0)")
-                    break
+        if not _fence_before_barrier(code, i):
+            problems.extend(_barrier_problems(code, i))
         for later in code[i + 1:]:
             if _waits_for_memory(later):
                 break

@@ -192,6 +192,30 @@ def test_amd_rules_on_a_snippet(removed, found):
     assert problems == ([] if found is None else [found])
 
 
+FENCE_SNIPPET = [
+    "0000000000002000 <k>:",
+    "\tglobal_store_dwordx4 v1, v[4:7], s[4:5]  // 000000002000: DC7C8000 00000401",
+    "\tbuffer_wbl2 sc0 sc1                     // 000000002008: E0A0C000 00000000",
+    "\ts_waitcnt vmcnt(0)                      // 000000002010: BF8C0F70",
+    "\ts_barrier                               // 000000002014: BF8A0000",
+    "\ts_endpgm                                // 000000002018: BF810000",
+]
+
+
+@pytest.mark.parametrize("removed, found", [
+    (None, None),
+    (3, "0x2008: buffer_wbl2 sc0 sc1 reaches 0x2018: s_endpgm without s_waitcnt vmcnt(0)"),
+])
+def test_a_thread_fence_before_a_barrier_needs_only_its_wait(removed, found):
+    """A thread's __threadfence_system over its pushes into peers' memory: no
+    block barrier before it (the barrier's own release comes after), but its
+    write-back is waited for like any release's."""
+    code = mc.parse_amd("\n".join(line for i, line in enumerate(FENCE_SNIPPET) if i != removed))
+    releases, _, problems = mc.check_amd_kernel(code["k"], "gfx942")
+    assert releases == 1
+    assert problems == ([] if found is None else [found])
+
+
 # ---------------------------------------------------------------------------
 # NVIDIA
 

@@ -824,15 +824,15 @@ def test_choose_fused_runs_the_large_table_past_the_fused_crossover(world, large
 
 @pytest.mark.parametrize("world", range(2, 9))
 def test_choose_fused_with_the_shipped_tables_orders_the_three_paths(world):
-    """onestage, then twostage, then split (the shipped FUSED_LARGE) as the
-    input grows (a variant may have no sizes of its own when the next
-    crossover comes first)."""
-    order = ("onestage", "twostage", algorithms.SPLIT)
+    """onestage, then twostage, then the shipped FUSED_LARGE (split or
+    unfused) as the input grows (a variant may have no sizes of its own when
+    the next crossover comes first)."""
+    large = algorithms.FUSED_LARGE[world]
+    order = ("onestage", "twostage", large)
     picks = [order.index(algorithms.choose_fused(n, world)) for n in SIZES]
     assert picks == sorted(picks), picks
     assert picks[0] == 0 and picks[-1] == 2, picks
-    assert algorithms.choose_fused(algorithms.FUSED_MAX_BYTES[world] + 16, world) == \
-        algorithms.SPLIT
+    assert algorithms.choose_fused(algorithms.FUSED_MAX_BYTES[world] + 16, world) == large
 
 
 def test_fused_crossover_table_covers_worlds_2_to_8():

@@ -65,9 +65,14 @@ FUSED_MAX_BYTES = {world: 1 << 20 for world in range(2, 9)}
 # shards (written, then read back: traffic.fused_shared_gpu_bytes), and its
 # spinning kernel has one phase after the start barrier where the
 # all-reduce's has two; its norms use the whole GPU like the unfused ones.
-# Not measured yet: the split_us and unfused_us columns of
-# ``python -m pyar.bench --fused`` (graph mode) retune it per world size.
-FUSED_LARGE = {world: SPLIT for world in range(2, 9)}
+# Measured on one H200 shared by the ranks (bf16, hidden 4096, graph mode,
+# 2026-12-03, split_us / unfused_us of ``python -m pyar.bench --fused``):
+# 2 ranks 1024 / 4096 tokens 38 / 116 us against 43 / 141 (1.13x, 1.22x);
+# 4 ranks 69 / 221 against 78 / 274 (1.13x, 1.24x); 8 ranks 53 us against 56
+# at 256 tokens, but 333 / 2767 against 160 / 523 at 1024 / 4096 (0.48x,
+# 0.19x: the reduce-scatter kernel of 8 ranks on 16 resident blocks each).
+# 3 ranks take split and 5-7 unfused until they are measured.
+FUSED_LARGE = {world: SPLIT if world <= 4 else UNFUSED for world in range(2, 9)}
 
 
 def choose_fused(nbytes, world):

@@ -314,7 +314,13 @@ struct ArrayRows {
 // registers; a broadcast shared load per use is cheaper than the spills.
 template <int W>
 struct RankTable {
+#if PYAR_AMD
+  // A generic volatile load compiles to a flat load with glc, a system-coherent
+  // access paid at every use; AMD's register file holds the table instead.
+  Pack16 **entry;
+#else
   Pack16 *volatile *entry;
+#endif
   PYAR_DEVICE Pack16 *operator[](int r) const { return entry[r]; }
   // Threads < W fill it; the caller's next __syncthreads publishes it.
   // kTable tells a kernel's tables apart (each instantiation has its own
