@@ -36,7 +36,7 @@ from pyar.comm.errors import CollectiveTimeout
 _FIRST_PAUSE = 1e-5  # seconds between tests of a pending step, doubling up to
 _LAST_PAUSE = 1e-3   # this, so that ranks sharing cores do not starve each other
 _TAGS = 1 << 15      # MPI guarantees tags below 32768
-_ABANDONED = []      # requests and communicators a timeout left behind
+_ABANDONED: list = []  # requests and communicators a timeout left behind
 
 
 def _completes(request, deadline):
