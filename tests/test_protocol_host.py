@@ -227,7 +227,8 @@ def test_epoch_wrap_catches_a_comparison_that_is_not_wrap_safe(driver):
     """The wrap tests' positive control: barriers that compare epochs as plain unsigned
     numbers (PYAR_TEST_REACHED_UNSIGNED) let the first call after the wrap through without
     waiting (0xffffffff >= 0); across the wrap that is caught, from zero it is not."""
-    options = ("--epoch-start", WRAP_START, "--reached", "unsigned", "--calls", 8, *DELAYS)
+    options = ("--epoch-start", WRAP_START, "--reached", "unsigned", "--calls", 8,
+               "--timeout-ms", 500, *DELAYS)  # a peer left behind gives up soon
     across = run(driver, "oneshot", 4, *options)
     assert across.caught, f"an unsigned epoch comparison across the wrap went unseen: {across.row}"
     from_zero = run(driver, "oneshot", 4, "--reached", "unsigned", "--calls", 8, *DELAYS)
