@@ -519,7 +519,7 @@ def test_communicator_refuses_more_than_8_ranks():
 
 
 @needs_mpirun
-@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("nranks", [3])  # two waiting ranks; 2, 4 and 8 run on the GPU
 def test_host_steps_are_bounded_by_the_timeout(nranks):
     """A rank that never reaches a host-side step (a named one, and
     Communicator() itself) makes the others raise CollectiveTimeout naming

@@ -36,7 +36,7 @@ import pyar  # noqa: E402
 from pyar.comm import exchange  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout, MismatchError  # noqa: E402
 
-TIMEOUT = 1.0
+TIMEOUT = 0.5
 SLACK = 10.0  # ranks share two cores with the rest of the test run
 
 
