@@ -425,11 +425,11 @@ class Communicator(_eager.EagerCalls):
             return out
         if self.world == 1:
             steps = [("copy", out.ptr, x.ptr, x.nbytes)] if out.ptr != x.ptr else []
+            for step in steps:
+                self._run_step(step, stream)
         else:
             self._check_timeout()
-            steps = list(self._allreduce_steps(x, out, algo, registered))
-        for step in steps:
-            self._run_step(step, stream)
+            steps = self._launch(x, out, algo, registered, stream)
         fresh = None if given[1] is not None else (
             out.shape, out.dtype, out.nbytes, (out.ptr, out.ptr + out.nbytes))
         self._remember("allreduce", given[:2], given[2:], stream, steps, fresh, out.dtype)
@@ -467,8 +467,11 @@ class Communicator(_eager.EagerCalls):
         return algo
 
     def _launch(self, x, out, algo, registered, stream):
-        for step in self._allreduce_steps(x, out, algo, registered):
+        """Queue the all-reduce's steps; returns them, for its plan."""
+        steps = list(self._allreduce_steps(x, out, algo, registered))
+        for step in steps:
             self._run_step(step, stream)
+        return steps
 
     def _allreduce_steps(self, x, out, algo, registered):
         """The copies and launches of one all-reduce, chunk by chunk."""
@@ -581,13 +584,10 @@ class Communicator(_eager.EagerCalls):
             self._row_kernels.add_rmsnorm(call, stream, self._local_blocks())
             return call.outputs()
         self._check_timeout()
-        if algo == algorithms.UNFUSED:  # its all-reduce replays a plan of its own
-            self._rmsnorm_unfused(call, stream)
-            return call.outputs()
-        steps = list(self._rmsnorm_steps(call, algo, registered))
-        for step in steps:
-            self._run_step(step, stream)
+        steps = self._launch_rmsnorm(call, algo, registered, stream)
         outputs = call.outputs()
+        if steps is None:  # unfused: its all-reduce replays a plan of its own
+            return outputs
         # Replayed only when every output is an argument: a new array per
         # call would need its own allocation and address in the plan.
         returns = tuple(-1 if a is None else next((i for i, b in enumerate(arrays) if b is a), None)
@@ -619,11 +619,15 @@ class Communicator(_eager.EagerCalls):
         return call, algo, registered
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
+        """Queue the fused call's steps; returns them, for its plan (None for
+        the unfused path, which is not planned as one)."""
         if algo == algorithms.UNFUSED:
             self._rmsnorm_unfused(call, stream)
-            return
-        for step in self._rmsnorm_steps(call, algo, registered):
+            return None
+        steps = list(self._rmsnorm_steps(call, algo, registered))
+        for step in steps:
             self._run_step(step, stream)
+        return steps
 
     def _rmsnorm_steps(self, call, algo, registered):
         """The copies and launches of one fused allreduce_rmsnorm, chunk by
