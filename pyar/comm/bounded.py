@@ -90,7 +90,7 @@ class BoundedComm:
     def __init__(self, comm, timeout, step="a host-side exchange"):
         self._comm = comm
         self._tokens = comm.Dup()  # arrival tokens never meet pyar's or the caller's messages
-        self.timeout = 2 * timeout  # see the module's docstring
+        self.timeout = timeout
         self.failure = None
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()

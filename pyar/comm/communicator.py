@@ -79,7 +79,8 @@ class Communicator(_eager.EagerCalls):
         if not 0 < timeout <= MAX_TIMEOUT:
             raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds, got {timeout}")
         self._closed = True  # until construction completes
-        self._node = exchange.node_local(mpi_comm, timeout)
+        # Host-side steps wait twice the timeout: pyar/comm/bounded.py says why.
+        self._node = exchange.node_local(mpi_comm, 2 * timeout)
         self.rank = self._node.Get_rank()
         self.world = self._node.Get_size()
         self.timeout = timeout

@@ -7,18 +7,19 @@ from pyar.comm.bounded import BoundedComm, arrive
 from pyar.comm.errors import MismatchError
 
 
-def node_local(comm, timeout=None):
-    """The sub-communicator of ``comm``'s ranks that share this node; with a
-    ``timeout`` (seconds), a BoundedComm over it, and a rank of ``comm`` that
-    does not arrive within it makes the others raise CollectiveTimeout.
+def node_local(comm, wait=None):
+    """The sub-communicator of ``comm``'s ranks that share this node; with
+    ``wait`` (seconds), a BoundedComm over it whose steps wait that long, and
+    a rank of ``comm`` that does not arrive within it makes the others raise
+    CollectiveTimeout.
 
     Raises NotImplementedError on every rank when ``comm`` spans several
     nodes: pyar moves data only through intra-node IPC.
     """
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"expected an mpi4py intra-communicator, not {type(comm).__name__}")
-    if timeout is not None:
-        arrive(comm, "pyar.Communicator()", 2 * timeout)  # as BoundedComm's steps
+    if wait is not None:
+        arrive(comm, "pyar.Communicator()", wait)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     spans_nodes = comm.allreduce(node.Get_size() != comm.Get_size(), op=MPI.LOR)
     if spans_nodes:
@@ -26,7 +27,7 @@ def node_local(comm, timeout=None):
         raise NotImplementedError(
             "the communicator spans several nodes; pyar all-reduces among the GPUs of one "
             "node (split it with Split_type(MPI.COMM_TYPE_SHARED))")
-    return node if timeout is None else BoundedComm(node, timeout, "pyar.Communicator()")
+    return node if wait is None else BoundedComm(node, wait, "pyar.Communicator()")
 
 
 def run_everywhere(comm, step, *args):

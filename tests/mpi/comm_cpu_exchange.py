@@ -221,7 +221,7 @@ def expect_late(sc, call, what):
 def bounded_mode(sc):
     world = MPI.COMM_WORLD
     late = sc.world - 1
-    node = exchange.node_local(world, TIMEOUT)
+    node = exchange.node_local(world, 2 * TIMEOUT)  # what Communicator(timeout=TIMEOUT) waits
     sc.check(node.Get_rank() == sc.rank and node.Get_size() == sc.world, "node ranks")
     got = node.allgather({"rank": sc.rank, "payload": "x" * (100 * sc.rank)})
     sc.check(got == [{"rank": r, "payload": "x" * (100 * r)} for r in range(sc.world)],
