@@ -88,7 +88,10 @@ def asarray(obj, dtype=None, stream=None, *, ipc=False):
       allocated like ``empty``'s (``ipc`` likewise).
 
     Device memory must be C-contiguous: views never copy, so strided
-    producers raise ValueError.
+    producers raise ValueError.  A view of memory its producer marks
+    read-only (DLPack 1.x's READ_ONLY flag, the array interface's read-only
+    bit) or of a JAX array (immutable) is ``readonly``: pyar never writes it
+    (``set``, ``fill`` and collectives' ``out`` refuse it).
     """
     if isinstance(obj, DeviceArray):
         if dtype is not None and as_dtype(dtype) != obj.dtype:

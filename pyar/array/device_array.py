@@ -184,6 +184,9 @@ class DeviceArray:
 
     @property
     def readonly(self):
+        """Whether pyar must not write the memory (a view of an export its
+        producer marked read-only, or of a JAX array): ``set``, ``fill`` and
+        the collectives' outputs refuse it."""
         return self._readonly
 
     @property

@@ -18,6 +18,14 @@ HOST_DEVICE_TYPES = (_dlpack.kDLCPU, _dlpack.kDLCUDAHost, _dlpack.kDLROCMHost)
 
 # Versions 0-2 lack only the optional "mask" (1+) and "stream" (3) keys.
 _INTERFACE_VERSIONS = range(0, 4)
+# JAX arrays are immutable (a consumer's writes to one are undefined
+# behaviour), yet JAX's exports leave DLPack's read-only flag and the
+# interface's read-only bit unset.
+_IMMUTABLE_LIBRARIES = ("jax", "jaxlib")
+
+
+def _immutable(obj):
+    return type(obj).__module__.partition(".")[0] in _IMMUTABLE_LIBRARIES
 
 
 def is_c_contiguous(shape, strides, itemsize):
@@ -63,7 +71,9 @@ def from_dlpack(obj, dtype=None, stream=None):
     """A view of ``obj``, a GPU array exporting ``__dlpack__``.
 
     The producer is asked to order its pending work before ``stream`` (where
-    the view's work will be queued; None: the legacy default stream).
+    the view's work will be queued; None: the legacy default stream).  The
+    view is read-only when the producer says so (the READ_ONLY flag of a
+    DLPack 1.x versioned tensor; legacy capsules cannot say it) or is JAX.
     """
     consumer = streams.normalize(stream)
     device_type, _ = obj.__dlpack_device__()
@@ -91,7 +101,7 @@ def from_dlpack(obj, dtype=None, stream=None):
     # Managed memory reports device 0 whatever it is; ask the pointer instead.
     device = None if tensor.device_type == _dlpack.kDLCUDAManaged else tensor.device_id
     return DeviceArray._make(tensor.ptr, shape, actual, tensor, device, consumer,
-                             tensor.is_readonly, tensor.device_type)
+                             tensor.is_readonly or _immutable(obj), tensor.device_type)
 
 
 # --- CUDA array interface -----------------------------------------------------------
@@ -168,7 +178,8 @@ def from_cuda_array_interface(obj, dtype=None, stream=None):
     If the interface names a stream, ``stream`` (where the view's work will
     be queued; None: the legacy default stream) is made to wait for it.
     ``dtype`` names the element type of anonymous-bytes typestrs (bfloat16
-    and float8 arrive as ``<V2``/``|V1``).
+    and float8 arrive as ``<V2``/``|V1``).  The view is read-only when the
+    interface's ``data`` tuple says so or the producer is JAX.
     """
     interface = obj.__cuda_array_interface__
     if not isinstance(interface, dict):
@@ -193,4 +204,5 @@ def from_cuda_array_interface(obj, dtype=None, stream=None):
                          "arrays")
     consumer = streams.normalize(stream)
     streams.wait(consumer, _interface_stream(interface, version))
-    return DeviceArray._make(ptr, shape, actual, obj, None, consumer, readonly)
+    return DeviceArray._make(ptr, shape, actual, obj, None, consumer,
+                             readonly or _immutable(obj))

@@ -105,10 +105,15 @@ class BoundedComm:
 
     def Free(self):
         if self.failure is not None:
-            _ABANDONED.append((self._comm, self._tokens))
+            self.abandon()
             return
         self._tokens.Free()
         self._comm.Free()
+
+    def abandon(self):
+        """Leave the MPI communicator behind without another collective step
+        (``Communicator.abort``); it is never used or freed again."""
+        _ABANDONED.append((self._comm, self._tokens))
 
     def step(self, name):
         """``with node.step("register"):`` -- the collectives inside report

@@ -344,7 +344,10 @@ class Communicator(_eager.EagerCalls):
 
         Every rank registers its own buffer of the same size, and every rank
         must then pass its registered buffer to the same calls.  The
-        communicator keeps the buffer alive until it is closed.
+        communicator keeps the buffer alive until it is closed or
+        ``unregister(x)`` lets go of it: dropped while registered, it is not
+        freed, so no peer ever reads another buffer at its address through
+        a stale mapping.
 
         Memory from the stream-ordered pool (``pyar.empty`` and friends
         without ``ipc=True``) cannot be shared between processes and is refused.
@@ -362,6 +365,38 @@ class Communicator(_eager.EagerCalls):
             return
         self._registry.register(x)
         self._forget_plans()  # calls on x now read it in place
+
+    @_host_step("unregister")
+    def unregister(self, x):
+        """Undo ``register(x)`` (collective, bounded like it): later calls on
+        ``x`` stage it again, and the communicator no longer keeps it alive.
+
+        Every rank unregisters its own registered buffer of the same size.
+        Each waits for the work it queued on the device (so no kernel of it
+        still reads a peer's buffer) and unmaps the peers' buffers; no rank
+        returns before every rank has, so the buffer may be freed as soon as
+        this returns.  Refused while a graph captured with ``capture()``
+        that read ``x`` in place is still open (close it first); graphs
+        captured with plain ``pyar.capture`` that read it must be closed too.
+        Not during a capture.
+        """
+        self._check_usable()
+        x = self._device_array(x, "x")
+        if self.world == 1:
+            return
+        exchange.run_everywhere(self._node, self._refuse_captured, x)
+        self._forget_plans()  # calls on x are planned again, staged
+        self._registry.unregister(x)
+
+    def _refuse_captured(self, x):
+        if not self._registry.captured(x):
+            return
+        graphs = [g for g in self._captures if g.executable is not None
+                  or (not g.stream.closed and g.stream.is_capturing)]
+        if graphs:
+            raise ValueError(f"x is read in place by graphs captured with this communicator, "
+                             f"and {len(graphs)} of its graphs are still open or capturing; "
+                             "close them (graph.close()) before unregister(x)")
 
     @_host_step("register_graph_buffers")
     def register_graph_buffers(self):
@@ -691,18 +726,17 @@ class Communicator(_eager.EagerCalls):
         """Release GPU memory and peer mappings (collective: peers unmap this
         rank's memory before it is freed).  Later calls raise.
 
-        Bounded by the timeout: after a failure (a CollectiveTimeout seen
-        before), a peer that never closes is expected and close() returns
-        once the timeout has passed; otherwise it raises CollectiveTimeout
-        naming it, after releasing this rank's resources all the same."""
+        Bounded by the timeout: after a failure (a CollectiveTimeout or a
+        MismatchError seen before), this rank's kernels still waiting for
+        peers give up at once, a peer that never closes is expected, and
+        close() returns once twice the timeout has passed, its resources
+        released; otherwise such a peer makes it raise CollectiveTimeout
+        naming it, after releasing this rank's resources all the same.
+        ``abort`` says how the surviving ranks go on without a lost one."""
         if self._closed:
             return
-        self._closed = True
-        self._forget_plans()
-        self._finalizer.detach()
         failed_before = self._failure is not None or self._node.failure is not None
-        for graph in list(self._captures):
-            graph.close()
+        self._stop(give_up=failed_before)
         try:
             self._resources.close_mappings()
             self._node.Barrier()
@@ -712,6 +746,49 @@ class Communicator(_eager.EagerCalls):
         finally:
             self._resources.free()
             self._node.Free()
+
+    def abort(self):
+        """Give up on the peers at once: no collective step, no wait for them.
+
+        Closes the graphs captured with ``capture()``, makes this rank's
+        kernels still waiting for peers stop waiting, waits for them (a
+        millisecond once they see it), unmaps the peers' memory and frees
+        this rank's; the communicator is closed afterwards.  Peers in or
+        entering a collective with this rank raise CollectiveTimeout naming
+        it within their timeout (twice that in a host-side step such as
+        ``register``), and their close() returns within twice the timeout.
+        Its MPI communicator is left allocated: freeing one is collective.
+
+        Going on without a lost rank (aborted, hung, or dead): every
+        survivor closes (or aborts) its communicator, then builds a new one
+        over a communicator of the survivors, on the same GPUs.  Make it with
+        ``Create_group``, in which only the group's ranks take part, not with
+        ``Split``, which is collective over the whole parent and would wait
+        for the lost rank forever::
+
+            survivors = mpi_comm.Get_group().Excl(lost_ranks)
+            comm = pyar.Communicator(mpi_comm.Create_group(survivors))
+        """
+        if self._closed:
+            return
+        self._stop(give_up=True)
+        try:
+            self._resources.close_mappings()
+        finally:
+            self._resources.free()
+            self._node.abandon()
+
+    def _stop(self, give_up):
+        """Refuse further calls and close the captured graphs; with
+        ``give_up``, this rank's kernels still waiting for peers stop (they
+        read the failed word of the error record)."""
+        self._closed = True
+        self._forget_plans()
+        self._finalizer.detach()
+        if give_up and self.world > 1:
+            self._error_words[0] = 1
+        for graph in list(self._captures):
+            graph.close()
 
     def __enter__(self):
         return self

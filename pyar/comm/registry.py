@@ -7,9 +7,16 @@ together (``register``), or when a stream capture records a call on it
 table is filled after the capture, once the ranks have exchanged handles
 (``exchange_deferred``).
 
-A registered buffer is kept alive until the communicator closes: freed and
-reallocated at the same address, it would otherwise be read through peers'
-stale mappings of the old one.
+A registered buffer is kept alive until the communicator closes or
+``unregister`` lets go of it: freed and reallocated at the same address while
+registered, it would be read through peers' stale mappings of the old one.
+``unregister`` waits for this rank's queued kernels (they may read the peers'
+buffers), unmaps the peers' buffers, and lets go of this rank's only after
+every rank has unmapped it (a barrier): when its owner frees it no process
+maps it any more, and with its key and table gone a new buffer at the same
+address is staged until it is registered itself.  A table a capture used is
+never handed out again: a graph left open would read another buffer's
+addresses through it instead of faulting on closed mappings.
 
 Tables come from blocks allocated ahead: allocating device memory is not
 allowed while a stream captures in the global mode.  A server that captures
@@ -29,6 +36,8 @@ class BufferRegistry:
         self._tables = {}    # (address, nbytes) -> table address, filled
         self._deferred = {}  # (address, nbytes) -> table address, not yet filled
         self._arrays = {}    # (address, nbytes) -> the array, kept alive
+        self._peer_handles = {}  # (address, nbytes) -> the peers' handles mapped for it
+        self._captured = set()   # (address, nbytes) read in place by a capture
         self._free = []
         self._grow()
 
@@ -64,12 +73,40 @@ class BufferRegistry:
     def defer(self, array):
         """A table for a buffer a capture reads in place; filled by exchange_deferred."""
         key = (array.ptr, array.nbytes)
+        self._captured.add(key)
         if key in self._tables:
             return self._tables[key]
         if key not in self._deferred:
             self._deferred[key] = self._new_table(capturing=True)
             self._arrays[key] = array
         return self._deferred[key]
+
+    def captured(self, array):
+        """Whether a capture recorded a call that reads ``array`` in place."""
+        return (array.ptr, array.nbytes) in self._captured
+
+    def unregister(self, array):
+        """Collective: stop reading ``array`` in place and let go of it (the
+        module docstring says in which order).  Every rank passes its own
+        registered buffer of the same size."""
+        key = (array.ptr, array.nbytes)
+        registered = key in self._tables
+        exchange.check_agreement(self._node, "the unregistered buffer's size in bytes (and "
+                                 "whether it is registered)", (array.nbytes, registered))
+        if not registered:
+            raise ValueError("the buffer is not registered with this communicator (never "
+                             "registered, or unregistered already)")
+        table = self._tables.pop(key)
+        self._resources.synchronize()
+        for handle in self._peer_handles.pop(key):
+            self._resources.peers.release(handle)
+        # Kept alive if a peer never gets here: it may still map this buffer.
+        self._node.Barrier()
+        del self._arrays[key]
+        if key in self._captured:
+            self._captured.discard(key)
+        else:
+            self._free.append(table)
 
     @property
     def pending(self):
@@ -112,8 +149,11 @@ class BufferRegistry:
             self._tables[(address, nbytes)] = table
 
     def _fill(self, entries, everyone):
-        for index, (address, _, table) in enumerate(entries):
-            pointers = [address if rank == self._rank else
-                        self._resources.peers.open(handles[index])
-                        for rank, handles in enumerate(everyone)]
+        for index, (address, nbytes, table) in enumerate(entries):
+            peers = [handles[index] for rank, handles in enumerate(everyone)
+                     if rank != self._rank]
+            mapped = iter([self._resources.peers.open(handle) for handle in peers])
+            self._peer_handles[(address, nbytes)] = peers
+            pointers = [address if rank == self._rank else next(mapped)
+                        for rank in range(len(everyone))]
             _hip.memcpy_htod(table, layout.pack_table(pointers))

@@ -23,6 +23,15 @@ class PeerMappings:
         entry[1] += 1
         return entry[0].base + handle.offset
 
+    def release(self, handle):
+        """One user of ``handle``'s mapping is done; the last one unmaps it
+        (after the caller made sure no queued kernel still reads it)."""
+        entry = self._open[handle.handle]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._open[handle.handle]
+            entry[0].close()
+
     def close_all(self):
         for mapping, _ in self._open.values():
             mapping.close()
@@ -47,10 +56,16 @@ class Resources:
         self.owned.append(memory)
         return memory
 
-    def close_mappings(self):
-        """Wait for this rank's kernels, then unmap every peer allocation."""
+    def synchronize(self):
+        """Wait for everything this process queued on the device: afterwards no
+        kernel of this rank reads a peer mapping any more.  Bounded: the
+        collective kernels give up on peers after the timeout."""
         _hip.set_device(self.device)
         _hip.device_synchronize()
+
+    def close_mappings(self):
+        """Wait for this rank's kernels, then unmap every peer allocation."""
+        self.synchronize()
         self.peers.close_all()
 
     def free(self):
