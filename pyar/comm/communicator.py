@@ -745,6 +745,7 @@ class Communicator(_eager.EagerCalls):
                 raise
         finally:
             self._resources.free()
+            self._registry = None  # lets go of the registered buffers
             self._node.Free()
 
     def abort(self):
@@ -776,6 +777,7 @@ class Communicator(_eager.EagerCalls):
             self._resources.close_mappings()
         finally:
             self._resources.free()
+            self._registry = None
             self._node.abandon()
 
     def _stop(self, give_up):

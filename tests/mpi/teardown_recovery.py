@@ -1,7 +1,9 @@
 """After a failure, every rank tears down without hanging and the survivors
 go on, on the same GPU, over a communicator that leaves the lost rank out.
 
-On a Communicator(timeout=2.0, debug=False), after three checked calls:
+On a Communicator(timeout=2.0, debug=False), after twelve checked calls (3
+dtypes x one-shot/two-shot x staged/registered, each registered buffer
+unregistered after its call):
   stop            the lost rank (the last) stops calling pyar; each survivor's
                   next all-reduce raises CollectiveTimeout naming it within
                   timeout + 10 s.
@@ -44,20 +46,22 @@ N = 65536 + 3
 ABORTER = 1
 
 
-def checked_calls(sc, comm, stream, key, world, rank):
-    """Random all-reduces on ``comm``, each checked; returns the wrong elements."""
+def checked_calls(sc, comm, stream, after, world, rank):
+    """Random all-reduces on ``comm``, each checked (``after`` the failure or
+    before it); returns the wrong elements."""
     wrong = 0
     for d, dtype in enumerate(DTYPES):
         for a, algo in enumerate(("oneshot", "twoshot")):
             for registered in (False, True):
-                data = RandomSum(dtype, N, rank, world, *key, d, a, registered)
+                data = RandomSum(dtype, N, rank, world, after, d, a, registered)
                 x = pyar.asarray(data.mine, stream=stream, ipc=registered)
                 if registered:
                     comm.register(x)
                 y = comm.allreduce(x, algo=algo, stream=stream)
                 comm.synchronize(stream)
                 bad = data.wrong(y.get(stream=stream))
-                sc.check(bad == 0, f"{key}: {dtype.name} {algo} "
+                sc.check(bad == 0, f"{'after' if after else 'before'} the failure: "
+                                   f"{dtype.name} {algo} "
                                    f"{'registered' if registered else 'staged'}: {bad} of {N} "
                                    "elements beyond the bound")
                 wrong += bad
@@ -111,7 +115,7 @@ def main(sc):
     lost = {"stop": sc.world - 1, "mismatch": None}.get(failure, ABORTER)
     comm = pyar.Communicator(MPI.COMM_WORLD, max_size=1 << 20, timeout=TIMEOUT, debug=False)
     stream = pyar.Stream()
-    wrong = checked_calls(sc, comm, stream, ("before",), sc.world, sc.rank)
+    wrong = checked_calls(sc, comm, stream, False, sc.world, sc.rank)
     sc.mpi.Barrier()
 
     survivor = sc.rank != lost
@@ -138,7 +142,7 @@ def main(sc):
         sub = sc.mpi.Create_group(group, tag=17)
         rebuilt = pyar.Communicator(sub, max_size=1 << 20, timeout=30.0)
         size = rebuilt.world
-        wrong += checked_calls(sc, rebuilt, stream, ("after",), size, rebuilt.rank)
+        wrong += checked_calls(sc, rebuilt, stream, True, size, rebuilt.rank)
         rebuilt.close()
         sub.Free()
         if group is not world_group:
