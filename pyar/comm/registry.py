@@ -150,10 +150,9 @@ class BufferRegistry:
 
     def _fill(self, entries, everyone):
         for index, (address, nbytes, table) in enumerate(entries):
-            peers = [handles[index] for rank, handles in enumerate(everyone)
-                     if rank != self._rank]
-            mapped = iter([self._resources.peers.open(handle) for handle in peers])
-            self._peer_handles[(address, nbytes)] = peers
-            pointers = [address if rank == self._rank else next(mapped)
+            peers = {rank: handles[index] for rank, handles in enumerate(everyone)
+                     if rank != self._rank}
+            pointers = [address if rank == self._rank else self._resources.peers.open(peers[rank])
                         for rank in range(len(everyone))]
+            self._peer_handles[(address, nbytes)] = list(peers.values())
             _hip.memcpy_htod(table, layout.pack_table(pointers))
