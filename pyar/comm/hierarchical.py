@@ -128,7 +128,13 @@ class HierarchicalCommunicator:
 
     @property
     def rail_method(self):
+        """How the inter-node step sums (pyar.comm.rail); every rank must set
+        the same, between calls."""
         return self._rail.method
+
+    @rail_method.setter
+    def rail_method(self, method):
+        self._rail.method = rail.choose(method, self.domains)
 
     def _check_usable(self):
         if self._closed:
@@ -162,9 +168,14 @@ class HierarchicalCommunicator:
 
     def register(self, x):
         """Register ``x`` with the domain's communicator (collective over the
-        domain), so that its reduce-scatters read it in place."""
+        domain), so that its reduce-scatters read it in place: each piece of
+        it, which is what they are given."""
         self._check_usable()
-        self.local.register(x)
+        x = self.local._device_array(x, "x").ravel()
+        piece = self.local.world * self._piece_shard
+        for first in range(0, x.size, piece):
+            count = min(piece, x.size - first)
+            self.local.register(_view(x.ptr + first * x.dtype.itemsize, count, x.dtype, x))
 
     def capture(self, stream, mode="global"):
         raise CaptureError(self._capture_message())
