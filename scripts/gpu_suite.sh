@@ -11,16 +11,20 @@
 #
 # PYAR_SUITE_K selects tests (pytest -k), PYAR_SUITE_BENCH_ARGS adds pyar.bench
 # arguments (e.g. "--iters 20"), PYAR_SUITE_FUSED_ARGS those of pyar.bench --fused,
-# PYAR_SUITE_BENCH_KINDS picks among "launch allreduce fused versus" (default: all
+# PYAR_SUITE_BENCH_KINDS picks among "launch allreduce fused nodes versus" (default: all
 # that apply), PYAR_SUITE_MPS=0 leaves MPS off; PYAR_SUITE_TEST_SECONDS
 # and PYAR_SUITE_BENCH_SECONDS cap the test run and each benchmark run, so a
 # leased machine's time limit still leaves room for the summary.
 #
 # PYAR_SUITE_EXAMPLES=0 skips running the examples (python -m pyar, device_info,
-# then allreduce, conjugate_gradient and interop at 4 ranks under MPS).
+# then allreduce, conjugate_gradient and interop at 4 ranks under MPS, and
+# allreduce and conjugate_gradient again across two simulated nodes of 2 ranks,
+# PYAR_RANKS_PER_NODE=2).  PYAR_SUITE_NODE_SHAPES lists the "world:node_size"
+# runs of pyar.bench --node-size (bench kind "nodes"; default "8:4 8:2").
 #
 # Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl, scenarios.log,
 # examples.tsv, examples.log, launch.json, launch_calls_w*.json, bench.json, bench_w8.png,
+# nodes_w*x*.png,
 # versus_w*.{json,png}, summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +55,7 @@ echo "build: exit $build_status in ${build_seconds}s" | tee -a "$OUT/build.log"
 
 GPUS=$($PYTHON -c 'import pyar; print(pyar.get_device_count())' </dev/null)
 echo "visible GPUs: $GPUS"
-default_kinds="launch allreduce fused"
+default_kinds="launch allreduce fused nodes"
 [ "${GPUS:-1}" -gt 1 ] && default_kinds="$default_kinds versus"
 BENCH_KINDS=${PYAR_SUITE_BENCH_KINDS:-$default_kinds}
 
@@ -87,6 +91,10 @@ if [ "${PYAR_SUITE_EXAMPLES:-1}" = 1 ]; then
     run_example mpirun -n "$EXAMPLE_RANKS" --oversubscribe --bind-to none \
       $PYTHON "examples/$example"
   done
+  for example in allreduce.py conjugate_gradient.py; do  # unchanged, across two nodes
+    run_example mpirun -n 4 --oversubscribe --bind-to none -x PYAR_RANKS_PER_NODE=2 \
+      $PYTHON "examples/$example"
+  done
 fi
 
 wants() { [[ " $BENCH_KINDS " == *" $1 "* ]]; }
@@ -118,6 +126,17 @@ if [ "$BENCH" = 1 ] && wants fused; then
       --json "$work/fused_w$w.json" 2>&1 | tee "$work/fused_w$w.txt"
   done
 fi
+if [ "$BENCH" = 1 ] && wants nodes; then
+  for shape in ${PYAR_SUITE_NODE_SHAPES:-8:4 8:2}; do
+    w=${shape%%:*} k=${shape##*:}
+    echo "== pyar.bench --node-size $k, $w ranks on one GPU ($(( w / k )) simulated nodes)"
+    timeout -k 5 "$BENCH_SECONDS" mpirun -n "$w" --oversubscribe --bind-to none \
+      $PYTHON -m pyar.bench --no-progress --node-size "$k" -b 4K -e 256M \
+      ${PYAR_SUITE_BENCH_ARGS:-} --json "$work/nodes_w${w}x$k.json" \
+      --plot "$work/nodes_w${w}x$k.png" 2>&1 | tee "$work/nodes_w${w}x$k.txt"
+  done
+  cp "$work"/nodes_w*.png "$OUT/" 2>/dev/null
+fi
 if [ "$BENCH" = 1 ] && wants versus; then
   stop_mps  # NCCL and symmetric memory run without MPS: one process per GPU
   for w in $BENCH_WORLDS; do
@@ -128,7 +147,7 @@ if [ "$BENCH" = 1 ] && wants versus; then
       --plot "$work/versus_w$w.png" 2>&1 | tee "$work/versus_w$w.txt"
   done
 fi
-cp "$work"/bench_w*.json "$work"/fused_w*.json "$work"/versus_w*.json "$work"/versus_w*.png \
+cp "$work"/bench_w*.json "$work"/fused_w*.json "$work"/nodes_w*.json "$work"/versus_w*.json "$work"/versus_w*.png \
   "$OUT/" 2>/dev/null
 
 stop_mps

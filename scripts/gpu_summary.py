@@ -119,7 +119,7 @@ def main():
 
     merged = {}
     bench_dir = args.bench_dir or args.out
-    for kind in ("bench", "fused"):
+    for kind in ("bench", "fused", "nodes"):
         for path in sorted(glob.glob(os.path.join(bench_dir, f"{kind}_w*.json"))):
             print_bench(path, kind, merged)
     for path in sorted(glob.glob(os.path.join(bench_dir, "versus_w*.json"))):
@@ -133,8 +133,9 @@ def print_bench(path, kind, merged):
     with open(path) as f:
         data = json.load(f)
     meta = data["meta"]
-    merged[f"{kind}_w{meta['world']}"] = data
-    what = "pyar.bench --fused" if kind == "fused" else "pyar.bench"
+    merged[os.path.basename(path)[:-len(".json")]] = data
+    what = {"fused": "pyar.bench --fused", "nodes": f"pyar.bench --node-size "
+            f"{meta.get('node_size')} ({meta.get('domains')} simulated nodes)"}.get(kind, "pyar.bench")
     print(f"## {what}, {meta['world']} ranks, {meta['device']}, {meta['dtype']}\n")
     columns = []
     for row in data["rows"]:

@@ -151,6 +151,9 @@ def test_short_flags_match_the_long_ones():
     (["-f", "1"], "--factor"),
     (["--algos", "threeshot"], "threeshot"),
     (["--fused", "--plot", "x.png"], "--fused has no plot"),
+    (["--node-size", "0"], "--node-size must be a positive"),
+    (["--node-size", "2", "--graph"], "MPI calls cannot be captured"),
+    (["--node-size", "2", "--fused"], "no --fused"),
 ])
 def test_bad_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as raised:
@@ -169,6 +172,20 @@ def test_plot_refused_before_measuring_without_matplotlib(monkeypatch, capsys):
 def test_row_count_for_the_progress_bar():
     args = bench.parse_args(["-b", "1K", "-e", "8K", "--algos", "auto,oneshot", "--staged"])
     assert bench.point_count(args) == 4 * (1 + 2 + 1)   # mpi row + 2 algos + staged, 4 sizes
+
+
+def test_row_count_across_nodes():
+    args = bench.parse_args(["-b", "4K", "-e", "32K", "--node-size", "2"])
+    assert bench.point_count(args, 2) == 4 * (1 + 2 + 2)   # mpi, 2 rail methods, rs + ag
+    assert bench.point_count(args, 1) == 4 * (1 + 2)       # domains of one rank: no rs/ag
+
+
+def test_row_bandwidths():
+    row = report.row(1 << 20, 1 << 18, "float32", "all_gather", "staged", 1e-3, 3 / 4)
+    assert row["algbw_GBps"] == pytest.approx(1.048576) and row["time_us"] == 1000.0
+    assert row["busbw_GBps"] == pytest.approx(1.048576 * 0.75)
+    assert set(row) == {name for name, _ in report.COLUMNS if name not in ("size", "type")} | {
+        "bytes", "dtype"}
 
 
 def test_report_cells_follow_the_columns():

@@ -3,7 +3,9 @@
 Run under mpirun: ``mpirun -n 4 python -m pyar.bench -b 1K -e 256M``.  Every
 size is also timed through the host (device-to-host copy, mpi4py Allreduce,
 copy back: what a program does without pyar), and each pyar row gives its
-time over that one.  With ``--fused``, the fused all-reduce + RMSNorm against
+time over that one.  With ``--node-size K``, the all-reduce across IPC
+domains of K ranks (simulated nodes on one machine) instead
+(pyar/bench/nodes.py).  With ``--fused``, the fused all-reduce + RMSNorm against
 the unfused steps per token count instead (``--hidden``, ``--tokens``,
 ``--quant``).  Rows are printed as they are measured.
 """
@@ -17,11 +19,12 @@ from mpi4py import MPI
 
 import pyar
 from pyar import _hip, diagnostics
-from pyar.bench import exact, fused, measure, report, traffic
+from pyar.bench import exact, fused, measure, nodes, report, traffic
 from pyar.bench.host_mpi import HostRoundTrip
 from pyar.bench.progress import Progress
 from pyar.bench.sizes import doubling, parse_size
 from pyar.comm import algorithms
+from pyar.comm.hierarchical import HierarchicalCommunicator
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 GRAPH_CALLS = 20  # all-reduces per captured graph in --graph rows
@@ -73,6 +76,9 @@ def parse_args(argv):
                                        "pip install 'pyar[plot]')")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it is drawn only on a terminal anyway)")
+    parser.add_argument("--node-size", type=int, default=None,
+                        help="ranks per IPC domain: time the all-reduce across domains "
+                             "(nodes) of this many ranks against the MPI host round trip")
     parser.add_argument("--fused", action="store_true",
                         help="time allreduce_rmsnorm against the unfused steps instead")
     parser.add_argument("--hidden", type=int, default=4096, help="--fused: hidden size")
@@ -95,6 +101,12 @@ def parse_args(argv):
         parser.error("--factor must be at least 2")
     if args.iters < 0 or args.warmup < 0:
         parser.error("--iters and --warmup must be >= 0")
+    if args.node_size is not None:
+        if args.node_size < 1:
+            parser.error("--node-size must be a positive number of ranks")
+        if args.fused or args.graph or args.staged:
+            parser.error("--node-size times the all-reduce across domains alone: no --fused, "
+                         "--graph (MPI calls cannot be captured) or --staged")
     if args.plot:
         if args.fused:
             parser.error("--plot draws the all-reduce sweep; --fused has no plot")
@@ -118,12 +130,6 @@ def _environment(comm, mpi):
     return {"copy_bandwidth_GBps": copy_bw / 1e9 if copy_bw else None, "one_gpu": one_gpu}
 
 
-def _wrong(mpi, dst, expected, stream):
-    """Elements of ``dst`` that differ from ``expected``, over all ranks."""
-    stream.synchronize()
-    return mpi.allreduce(exact.wrong_elements(dst.get(), expected), op=MPI.SUM)
-
-
 def sweep(args, comm, mpi, extra, show):
     """Time every (size, algorithm, input mode) point and the host MPI round
     trip of each size; ``show(row)`` gets each row as soon as it is measured."""
@@ -131,7 +137,7 @@ def sweep(args, comm, mpi, extra, show):
     world = comm.world
     stream = _hip.Stream()
     copy_bw = extra["copy_bandwidth_GBps"] and extra["copy_bandwidth_GBps"] * 1e9
-    largest = args.max - args.max % (dtype.itemsize * 16) or dtype.itemsize * 16
+    largest = largest_message(args)
     x = pyar.empty((largest // dtype.itemsize,), dtype, stream=stream, ipc=True)  # registered
     y = pyar.empty_like(x)
     x.set(exact.exact_inputs(x.size, mpi.Get_rank()).astype(dtype), stream=stream)
@@ -150,18 +156,15 @@ def sweep(args, comm, mpi, extra, show):
         count = max(1, nbytes // dtype.itemsize)
         moved = count * dtype.itemsize
         iterations = args.iters or measure.iterations_for(nbytes)
-        dst = y if count == y.size else _prefix(y, count)
+        dst = measure.prefix(y, count)
         expected = exact.expected_sum(count, world) if args.check else None
 
         def row(algo, mode, seconds):
-            algbw = moved / seconds / 1e9
-            wrong = _wrong(mpi, dst, expected, stream) if args.check else None
-            return {"bytes": moved, "count": count, "dtype": args.dtype, "algo": algo,
-                    "mode": mode, "time_us": seconds * 1e6, "algbw_GBps": algbw,
-                    "busbw_GBps": algbw * 2 * (world - 1) / world, "wrong": wrong,
-                    "vs_mpi": None, "hbm_eff": None}
+            wrong = exact.wrong_on_all_ranks(mpi, dst, expected, stream) if args.check else None
+            return report.row(moved, count, args.dtype, algo, mode, seconds,
+                              2 * (world - 1) / world, wrong)
 
-        src = x if count == x.size else _prefix(x, count)
+        src = measure.prefix(x, count)
         _hip.memset(dst.ptr, 0, dst.nbytes, stream)  # a stale right answer cannot pass
         baseline = measure.time_per_call(mpi, host.call(src.ptr, dst.ptr, count, stream),
                                          iterations, args.warmup, stream)
@@ -169,7 +172,7 @@ def sweep(args, comm, mpi, extra, show):
         show(rows[-1])
         for algo, mode in plan:
             source = staged_x if mode == "staged" else x
-            src = source if count == source.size else _prefix(source, count)
+            src = measure.prefix(source, count)
             if mode != "staged" and count != x.size:
                 comm.register(src)
             _hip.memset(dst.ptr, 0, dst.nbytes, stream)
@@ -202,20 +205,22 @@ def _time_point(args, comm, mpi, src, dst, algo, mode, iterations, stream):
     return seconds
 
 
-def _prefix(array, count):
-    """The first ``count`` elements of a 1-D device array, as a view."""
-    return pyar.DeviceArray.from_pointer(array.ptr, (count,), array.dtype, owner=array,
-                                         device=array.device)
-
-
-def point_count(args):
+def point_count(args, local_world=None):
     """How many rows a run prints (for the progress bar)."""
     if args.fused:
         return 2 * len(args.quants) * len(args.tokens)
-    dtype = np.dtype(DTYPES[args.dtype])
-    largest = args.max - args.max % (dtype.itemsize * 16) or dtype.itemsize * 16
-    per_size = 1 + len(args.algos) + args.staged + args.graph
+    largest = largest_message(args)
+    if args.node_size is None:
+        per_size = 1 + len(args.algos) + args.staged + args.graph
+    else:
+        per_size = nodes.points_per_size(local_world)
     return per_size * len(list(doubling(args.min, largest, args.factor)))
+
+
+def largest_message(args):
+    """--max, rounded down to whole 16-byte packs (at least one)."""
+    dtype = np.dtype(DTYPES[args.dtype])
+    return args.max - args.max % (dtype.itemsize * 16) or dtype.itemsize * 16
 
 
 def main(argv=None):
@@ -225,17 +230,24 @@ def main(argv=None):
     if mpi.Get_size() < 2:
         raise SystemExit("python -m pyar.bench: run under mpirun with at least 2 ranks")
     leader = mpi.Get_rank() == 0
-    with pyar.Communicator(mpi, max_size=args.max_size) as comm:
+    with pyar.Communicator(mpi, max_size=args.max_size, node_size=args.node_size) as comm:
+        across = isinstance(comm, HierarchicalCommunicator)
+        if args.node_size is not None and not across:
+            raise SystemExit(f"python -m pyar.bench: --node-size {args.node_size} leaves all "
+                             f"{comm.world} ranks in one IPC domain; pick a smaller one")
         extra = _environment(comm, mpi)
         device = _hip.Device(comm.device)
         what = (f"pyar allreduce_rmsnorm (fused) vs all-reduce + add_rmsnorm + quantize "
-                f"(unfused), hidden {args.hidden}" if args.fused else "pyar all-reduce")
+                f"(unfused), hidden {args.hidden}" if args.fused else
+                f"pyar all-reduce across nodes, {nodes.heading(comm)}" if across else
+                "pyar all-reduce")
         title = (f"{what}, {comm.world} ranks on "
                  f"{'one shared ' if extra['one_gpu'] else ''}{device.name} ({device.arch}), "
                  f"{args.dtype}")
         table = fused.table() if args.fused else report.table()
         cells = fused.cells if args.fused else report.cells
-        progress = Progress(point_count(args), enabled=leader and not args.no_progress)
+        progress = Progress(point_count(args, comm.local.world if across else None),
+                            enabled=leader and not args.no_progress)
         if leader:
             print(f"## {title}\n\n{table.header()}", flush=True)
 
@@ -247,6 +259,8 @@ def main(argv=None):
         if args.fused:
             rows = fused.sweep(args, comm, mpi, extra["copy_bandwidth_GBps"] and
                                extra["copy_bandwidth_GBps"] * 1e9, show)
+        elif across:
+            rows = nodes.sweep(args, comm, mpi, largest_message(args), show)
         else:
             rows = sweep(args, comm, mpi, extra, show)
         progress.close()
@@ -254,10 +268,12 @@ def main(argv=None):
                 "arch": device.arch, "host": socket.gethostname(), "dtype": args.dtype,
                 "max_size": comm.max_size, "mpi_gpu_aware": diagnostics.mpi_gpu_aware(),
                 **extra}
+        if across:
+            meta.update(node_size=comm.local.world, domains=comm.domains)
     wrong = sum(row.get("wrong") or 0 for row in rows)
     if leader:
         if not args.fused:
-            print(f"\n{report.LEGEND}")
+            print(f"\n{nodes.LEGEND if across else report.LEGEND}")
         if extra["copy_bandwidth_GBps"]:
             print(f"device-to-device copy bandwidth (read + write): "
                   f"{extra['copy_bandwidth_GBps']:.0f} GB/s; hbm_eff = bytes all ranks' kernels "

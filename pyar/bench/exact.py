@@ -5,6 +5,7 @@ Small integers in [-4, 4]: any partial sum of up to 8 ranks stays within
 must equal the expected sum bit for bit whatever the summation order (the
 nccl-tests -c check, without a tolerance)."""
 import numpy as np
+from mpi4py import MPI
 
 _PERIOD = 9  # element i of rank r is ((7 i + r) mod 9) - 4
 
@@ -32,3 +33,10 @@ def wrong_elements(result, expected):
     if got.shape != expected.shape:
         raise ValueError(f"{got.size} results against {expected.size} expected values")
     return int(np.count_nonzero(got != expected))
+
+
+def wrong_on_all_ranks(mpi, result, expected, stream):
+    """``wrong_elements`` of every rank's device array ``result`` (once
+    ``stream`` is done), summed over the ranks of ``mpi``."""
+    stream.synchronize()
+    return mpi.allreduce(wrong_elements(result.get(), expected), op=MPI.SUM)

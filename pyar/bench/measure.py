@@ -3,6 +3,7 @@ events, and a call's time is the slowest rank's."""
 from mpi4py import MPI
 
 from pyar import _hip
+from pyar.array import DeviceArray
 
 
 def iterations_for(nbytes):
@@ -48,3 +49,11 @@ def copy_bandwidth(nbytes=1 << 30, iterations=20):
         stream.close()
         src.free()
         dst.free()
+
+
+def prefix(array, count):
+    """The first ``count`` elements of a 1-D device array (itself when all)."""
+    if count == array.size:
+        return array
+    return DeviceArray.from_pointer(array.ptr, (count,), array.dtype, owner=array,
+                                    device=array.device)

@@ -14,6 +14,16 @@ LEGEND = ("mpi/host: the same sum through the host (device-to-host copy, mpi4py 
           "faster); wrong: elements that differ from the exact sum, all ranks (- unchecked)")
 
 
+def row(nbytes, count, dtype, algo, mode, seconds, bus_factor, wrong=None):
+    """A measured row: ``nbytes`` over ``seconds`` is algbw, times
+    ``bus_factor`` busbw (nccl-tests: all-reduce 2 (n - 1) / n, reduce-scatter
+    and all-gather (n - 1) / n of the whole array)."""
+    algbw = nbytes / seconds / 1e9
+    return {"bytes": nbytes, "count": count, "dtype": dtype, "algo": algo, "mode": mode,
+            "time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor,
+            "wrong": wrong, "vs_mpi": None, "hbm_eff": None}
+
+
 def table():
     return Table([name for name, _ in COLUMNS], [width for _, width in COLUMNS])
 

@@ -34,6 +34,15 @@ def _env_flag(name):
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
+def resolve_timeout(timeout):
+    """Seconds: ``timeout``, else $PYAR_TIMEOUT, else the default; checked."""
+    timeout = float(os.environ.get("PYAR_TIMEOUT", DEFAULT_TIMEOUT)
+                    if timeout is None else timeout)
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds, got {timeout}")
+    return timeout
+
+
 def _host_step(name):
     """Names the method's MPI steps in the CollectiveTimeout they raise; a
     timeout there fails the communicator like one in a kernel."""
@@ -57,7 +66,10 @@ class Communicator(_eager.EagerCalls):
     defaults to the node-local rank modulo the visible devices; several
     ranks may share one GPU (under MPS).  ``max_size`` is the scratch buffer
     in bytes (larger messages go in chunks); ``timeout`` bounds every wait
-    for peers, in seconds (default ``PYAR_TIMEOUT`` or 300).  ``kernels``
+    for peers, in seconds (default ``PYAR_TIMEOUT`` or 300).  ``node_size``
+    (default ``PYAR_RANKS_PER_NODE``, else the whole node) is the number of
+    ranks per IPC domain; over several domains the constructor returns a
+    pyar.comm.hierarchical.HierarchicalCommunicator.  ``kernels``
     names a directory of code objects built from src/kernels (allreduce and
     allreduce_rmsnorm, named like the shipped ones) to use instead of them.  ``debug`` (default ``PYAR_DEBUG``) checks before
     each call that all ranks passed the same arguments.
@@ -70,17 +82,29 @@ class Communicator(_eager.EagerCalls):
     arguments again (pyar/comm/_eager.pyx says when it does check again).
     """
 
+    def __new__(cls, mpi_comm=None, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
+                node_size=None, **options):
+        """A communicator over ranks of several IPC domains (nodes, or
+        ``node_size`` / PYAR_RANKS_PER_NODE groups: pyar.comm.domains) is a
+        HierarchicalCommunicator; over one domain, this class, no detour.
+        (Without ``mpi_comm``: a bare instance, for tests.)"""
+        if cls is Communicator and mpi_comm is not None:
+            split = exchange.ipc_split(mpi_comm, 2 * resolve_timeout(timeout), node_size)
+            split.free()
+            if split.rail is not None:
+                from pyar.comm.hierarchical import HierarchicalCommunicator
+                return HierarchicalCommunicator(mpi_comm, device, max_size, timeout,
+                                                node_size=node_size, **options)
+        return super().__new__(cls)
+
     def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
-                 kernels=None, debug=None):
+                 node_size=None, kernels=None, debug=None):
         if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size <= 0:
             raise ValueError(f"max_size must be a positive int (bytes), got {max_size!r}")
-        timeout = float(os.environ.get("PYAR_TIMEOUT", DEFAULT_TIMEOUT)
-                        if timeout is None else timeout)
-        if not 0 < timeout <= MAX_TIMEOUT:
-            raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds, got {timeout}")
+        timeout = resolve_timeout(timeout)
         self._closed = True  # until construction completes
         # Host-side steps wait twice the timeout: pyar/comm/bounded.py says why.
-        self._node = exchange.node_local(mpi_comm, 2 * timeout)
+        self._node = exchange.node_local(mpi_comm, 2 * timeout, node_size)
         self.rank = self._node.Get_rank()
         self.world = self._node.Get_size()
         self.timeout = timeout

@@ -3,31 +3,43 @@ agreement checks.  Every function here is collective over ``comm`` and needs
 no GPU, so the CPU test tier runs them under mpirun."""
 from mpi4py import MPI
 
+from pyar.comm import domains
 from pyar.comm.bounded import BoundedComm, arrive
 from pyar.comm.errors import MismatchError
 
 
-def node_local(comm, wait=None):
-    """The sub-communicator of ``comm``'s ranks that share this node; with
-    ``wait`` (seconds), a BoundedComm over it whose steps wait that long, and
-    a rank of ``comm`` that does not arrive within it makes the others raise
-    CollectiveTimeout.
-
-    Raises NotImplementedError on every rank when ``comm`` spans several
-    nodes: pyar moves data only through intra-node IPC.
-    """
+def ipc_split(comm, wait=None, node_size=None):
+    """``comm`` split into IPC domains and rails (pyar.comm.domains.split);
+    with ``wait`` (seconds), a rank of ``comm`` that does not arrive within it
+    makes the others raise CollectiveTimeout first."""
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"expected an mpi4py intra-communicator, not {type(comm).__name__}")
     if wait is not None:
         arrive(comm, "pyar.Communicator()", wait)
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    spans_nodes = comm.allreduce(node.Get_size() != comm.Get_size(), op=MPI.LOR)
-    if spans_nodes:
-        node.Free()
+    return domains.split(comm, node_size)
+
+
+def node_local(comm, wait=None, node_size=None):
+    """The sub-communicator of ``comm``'s ranks in this rank's IPC domain (a
+    node, or ``node_size`` ranks of one: pyar.comm.domains); with ``wait``
+    (seconds), a BoundedComm over it whose steps wait that long, and a rank of
+    ``comm`` that does not arrive within it makes the others raise
+    CollectiveTimeout.
+
+    Raises NotImplementedError on every rank when ``comm`` spans several
+    domains: the one-node communicator moves data only through IPC
+    (``pyar.Communicator`` builds a HierarchicalCommunicator for such a
+    communicator instead).
+    """
+    split = ipc_split(comm, wait, node_size)
+    if split.rail is not None:
+        split.free()
         raise NotImplementedError(
-            "the communicator spans several nodes; pyar all-reduces among the GPUs of one "
-            "node (split it with Split_type(MPI.COMM_TYPE_SHARED))")
-    return node if wait is None else BoundedComm(node, wait, "pyar.Communicator()")
+            f"the communicator spans {split.domains} IPC domains (nodes, or node_size / "
+            f"{domains.RANKS_PER_NODE} groups); the one-node communicator all-reduces within "
+            "one, pyar.Communicator(...) builds a HierarchicalCommunicator across them")
+    return split.domain if wait is None else BoundedComm(split.domain, wait,
+                                                          "pyar.Communicator()")
 
 
 def run_everywhere(comm, step, *args):

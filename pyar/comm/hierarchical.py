@@ -1,0 +1,323 @@
+"""pyar.Communicator across IPC domains (nodes): pyar's kernels inside each
+domain, MPI between them.
+
+allreduce(x), in pieces of ``local world * PIECE_SHARD_ELEMENTS`` elements:
+1. the domain's reduce_scatter (pyar kernel) of the piece into a float32
+   shard per rank (16-bit inputs are summed, not rounded: one rounding in
+   all, at the end);
+2. the shard, copied to pinned host memory, summed over the rail (the ranks
+   with this domain rank on every domain) by pyar.comm.rail, which gives
+   every rail rank the same bits, rounded once to the input's dtype;
+3. copied back, and the domain's all_gather (pyar kernel) into the output.
+Every element is summed once, in one order, so every rank of every domain
+gets the same bits.  Piece p + 1's reduce-scatter and copy to the host are
+queued before the host waits for piece p's, so the GPU works on the next
+piece while MPI moves this one (double-buffered device and pinned buffers).
+
+The inter-node step always goes through pinned host memory: handing device
+pointers to an MPI that is not GPU-aware segfaults (Open MPI 4.1.6 as Ubuntu
+ships it), and ``gpu_aware_mpi`` reports what the library says about itself.
+
+Limits: a collective that crosses domains cannot be captured in a graph (its
+MPI calls run on the host, outside any stream), and each call waits on the
+host for its reduce-scatters to finish (the caller's stream holds only the
+all-gathers when it returns).
+"""
+import weakref
+
+import numpy as np
+
+from pyar import _hip, diagnostics
+from pyar.array import DeviceArray, empty
+from pyar.comm import exchange, rail, rmsnorm
+from pyar.comm.communicator import DEFAULT_MAX_SIZE, Communicator, resolve_timeout
+from pyar.comm.errors import CollectiveTimeout
+from pyar.comm.resources import Resources
+
+PIECE_SHARD_ELEMENTS = 1 << 19  # float32 elements of one rank's shard per piece (2 MiB)
+_PACK_BYTES = 16
+
+
+class CaptureError(RuntimeError):
+    """A collective that crosses IPC domains was called under graph capture."""
+
+
+def shard_bounds(n, itemsize, world, rank):
+    """Elements [first, last) of ``rank``'s shard of ``n`` (PLAN.md section 2's rule)."""
+    lanes = _PACK_BYTES // itemsize
+    shard = lanes * -(-n // (lanes * world))
+    return min(n, rank * shard), min(n, (rank + 1) * shard)
+
+
+class HierarchicalCommunicator:
+    """The all-reduce over ranks of several IPC domains of equal size.
+
+    Built by ``pyar.Communicator(mpi_comm, ...)`` when ``mpi_comm`` spans
+    several domains (or directly, with the same arguments).  ``rank`` and
+    ``world`` are the caller's communicator's; ``local`` is the one-node
+    Communicator of this rank's domain, ``domains`` their number and
+    ``domain`` this rank's.  ``rail_method`` picks the inter-node sum
+    (pyar.comm.rail).  ``timeout`` bounds every wait: the kernels', and each
+    inter-node step's at twice it (a peer may arrive up to one timeout late,
+    after its own kernel's wait; pyar/comm/bounded.py)."""
+
+    def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
+                 node_size=None, kernels=None, debug=None, rail_method="auto"):
+        timeout = resolve_timeout(timeout)
+        rail.choose(rail_method, 2)
+        self._closed = True  # until construction completes
+        split = exchange.ipc_split(mpi_comm, 2 * timeout, node_size)
+        if split.rail is None:
+            split.free()
+            raise ValueError("one IPC domain holds every rank: pyar.Communicator runs its "
+                             "collectives directly, without a hierarchical step")
+        try:
+            made = []  # domains fail or succeed whole: closing what was made is collective
+            try:
+                exchange.run_everywhere(mpi_comm, lambda: made.append(Communicator(
+                    split.domain, device, max_size, timeout,
+                    node_size=split.domain.Get_size(), kernels=kernels, debug=debug)))
+            except BaseException:
+                for local in made:
+                    local.close()
+                raise
+            self.local = made[0]
+            self._domain_ranks = split.domain.allgather(mpi_comm.Get_rank())
+            rail_ranks = split.rail.allgather(mpi_comm.Get_rank())
+        except BaseException:
+            split.free()
+            raise
+        split.domain.Free()
+        self.rank = mpi_comm.Get_rank()
+        self.world = mpi_comm.Get_size()
+        self.domains = split.domains
+        self.domain = split.domain_index
+        self.device = self.local.device
+        self.timeout = self.local.timeout
+        self.max_size = self.local.max_size
+        self._rail = rail.Rail(split.rail, 2 * timeout, rail_ranks, self.rank, rail_method)
+        self.gpu_aware_mpi = diagnostics.mpi_gpu_aware()
+        self._failure = None
+        self._calls = 0
+        self._sums = None  # allreduce_rmsnorm's sum array when there is no out
+        self._resources = Resources(self.device)
+        self._finalizer = weakref.finalize(self, Resources.release, self._resources)
+        self._piece_shard = PIECE_SHARD_ELEMENTS
+        self._buffers = [self._piece_buffers() for _ in range(2)]
+        self._idle = _hip.Stream()  # never used: see _check_local
+        self._closed = False
+
+    def _piece_buffers(self):
+        """One piece's device shard (float32), device result and pinned host
+        buffers (float32 send with the rail's padding, result of any dtype)."""
+        res = self._resources
+        elements = self._piece_shard
+        # No numpy view of pinned memory outlives a call: it would keep the
+        # memory from being freed.
+        return {"shard": res.device_memory(4 * elements),
+                "result": res.device_memory(4 * elements),
+                "send": res.pinned_memory(4 * rail.send_capacity(elements, self.domains)),
+                "result_host": res.pinned_memory(4 * elements),
+                "done": _hip.Event(timing=False)}
+
+    # --- state ------------------------------------------------------------------
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def rail_method(self):
+        """How the inter-node step sums (pyar.comm.rail); every rank must set
+        the same, between calls."""
+        return self._rail.method
+
+    @rail_method.setter
+    def rail_method(self, method):
+        self._rail.method = rail.choose(method, self.domains)
+
+    def _check_usable(self):
+        if self._closed:
+            raise ValueError("communicator is closed")
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, exc):
+        """The error to raise for a failed step, the domain's rank numbers
+        turned into the caller's; it fails the communicator."""
+        if exc is not self._rail.failure:
+            exc = CollectiveTimeout(exc.call, [self._domain_ranks[r] for r in exc.missing],
+                                    self.rank, exc.timeout, exc.late)
+        self._failure = self._failure or exc
+        return exc
+
+    def _check_local(self):
+        """Raise what the domain's kernels recorded (a peer that never
+        arrived), without waiting for the work queued behind: the local
+        communicator's synchronize on a stream that holds nothing."""
+        self.local.synchronize(self._idle)
+
+    def synchronize(self, stream=None):
+        """Wait for this rank's calls on ``stream``; raise CollectiveTimeout if
+        a peer never arrived."""
+        self._check_usable()
+        try:
+            self.local.synchronize(stream)
+        except CollectiveTimeout as exc:
+            raise self._fail(exc) from None
+
+    def register(self, x):
+        """Register ``x`` with the domain's communicator (collective over the
+        domain), so that its reduce-scatters read it in place: each piece of
+        it, which is what they are given."""
+        self._check_usable()
+        x = self.local._device_array(x, "x").ravel()
+        piece = self.local.world * self._piece_shard
+        for first in range(0, x.size, piece):
+            count = min(piece, x.size - first)
+            self.local.register(_view(x.ptr + first * x.dtype.itemsize, count, x.dtype, x))
+
+    def capture(self, stream, mode="global"):
+        raise CaptureError(self._capture_message())
+
+    def _capture_message(self):
+        return ("a collective across IPC domains cannot be captured in a graph: its "
+                "inter-node step is MPI calls on the host, which a graph cannot hold; "
+                "capture only collectives of a one-node pyar.Communicator")
+
+    # --- all-reduce ---------------------------------------------------------------
+
+    def allreduce(self, x, out=None, algo="auto", stream=None):
+        """Sum ``x`` over every rank into ``out`` (a new array if None; ``x``
+        for in place), on ``stream``; returns ``out``.  Returns once the
+        inter-node steps are done, with the last all-gathers queued."""
+        self._check_usable()
+        if algo != "auto":
+            raise ValueError(f"algo={algo!r}: across IPC domains the all-reduce has one "
+                             "algorithm (reduce-scatter, inter-node sum, all-gather): 'auto'")
+        source = _hip.as_stream(stream)
+        if source.handle and source.is_capturing:
+            raise CaptureError(self._capture_message())
+        x = self.local._device_array(x, "x")
+        out = self.local._output(x, out, stream)
+        if x.size == 0:
+            return out
+        self._calls += 1
+        what = f"allreduce call {self._calls} ({x.size} x {x.dtype})"
+        try:
+            self._pipeline(x.ravel(), out.ravel(), source, what)
+        except CollectiveTimeout as exc:
+            raise self._fail(exc) from None
+        return out
+
+    def _pipeline(self, x, out, stream, what):
+        piece = self.local.world * self._piece_shard
+        queued = None
+        for number, first in enumerate(range(0, x.size, piece)):
+            count = min(piece, x.size - first)
+            step = (self._buffers[number % 2], first, count)
+            self._to_host(x, *step, stream)
+            if queued is not None:
+                self._across_and_back(out, *queued, stream, what)
+            queued = step
+        self._across_and_back(out, *queued, stream, what)
+
+    def _to_host(self, x, buffers, first, count, stream):
+        """Queue the piece's reduce-scatter and the copy of its shard to the host."""
+        piece = _view(x.ptr + first * x.dtype.itemsize, count, x.dtype, x)
+        lo, hi = shard_bounds(count, x.dtype.itemsize, self.local.world, self.local.rank)
+        shard = _view(buffers["shard"].ptr, hi - lo, np.float32, buffers["shard"])
+        if self.local.world > 1:
+            self.local.reduce_scatter(piece, out=shard, stream=stream)
+            _hip.memcpy_dtoh(_host(buffers["send"], hi - lo, np.float32), shard.ptr, stream)
+        elif x.dtype == np.float32:
+            _hip.memcpy_dtoh(_host(buffers["send"], count, np.float32), piece.ptr, stream)
+        else:  # a domain of one rank: its shard is the piece, widened on the host
+            _hip.memcpy_dtoh(_host(buffers["result_host"], count, x.dtype).view(np.uint8),
+                             piece.ptr, stream)
+        buffers["done"].record(stream)
+
+    def _across_and_back(self, out, buffers, first, count, stream, what):
+        """Once the piece's shard is on the host: its sum over the rail, the
+        copy back and the domain's all-gather into ``out``, queued."""
+        buffers["done"].synchronize()
+        lo, hi = shard_bounds(count, out.dtype.itemsize, self.local.world, self.local.rank)
+        result = _host(buffers["result_host"], hi - lo, out.dtype)
+        send = _host(buffers["send"], rail.send_capacity(hi - lo, self.domains), np.float32)
+        if self.local.world > 1:
+            self._check_local()
+        elif out.dtype != np.float32:
+            np.copyto(send[:count], result)
+        self._rail.sum(send, result, what)
+        target = out.ptr + first * out.dtype.itemsize
+        if self.local.world == 1:
+            _hip.memcpy_htod(target, result.view(np.uint8), stream)
+            return
+        shard = _view(buffers["result"].ptr, hi - lo, out.dtype, buffers["result"])
+        _hip.memcpy_htod(shard.ptr, result.view(np.uint8), stream)
+        self.local.all_gather(shard, out=_view(target, count, out.dtype, out), stream=stream)
+
+    # --- fused all-reduce + RMSNorm ---------------------------------------------
+
+    def allreduce_rmsnorm(self, x, residual, weight, eps=1e-6, out=None, residual_out=None,
+                          stream=None, *, quant=None, group_size=128, fp8_dtype=None,
+                          quantized=None, scales=None, algo="auto"):
+        """``Communicator.allreduce_rmsnorm`` across domains: the sum by
+        ``allreduce`` (into ``out`` when given, else an array the communicator
+        keeps), then the residual add + RMSNorm (+ quantization) on this GPU
+        (pyar.comm.rmsnorm.add_rmsnorm, the same arithmetic as the one-node
+        calls after their sum).  ``algo`` must be "auto"."""
+        self._check_usable()
+        if algo != "auto":
+            raise ValueError(f"algo={algo!r}: across IPC domains allreduce_rmsnorm is the "
+                             "all-reduce, then add + RMSNorm on each GPU: 'auto'")
+        x = self.local._device_array(x, "x")
+        sums = out
+        if out is None:
+            if self._sums is None or self._sums.nbytes < x.nbytes:
+                # Kept: its kernels may still be queued; calls are ordered.
+                self._sums = empty((x.nbytes,), np.uint8, stream=_hip.as_stream(stream))
+            sums = _view(self._sums.ptr, x.size, x.dtype, self._sums).reshape(x.shape)
+        self.allreduce(x, out=sums, stream=stream)
+        _hip.set_device(self.device)
+        return rmsnorm.add_rmsnorm(sums, residual, weight, eps, out, residual_out, stream,
+                                   quant=quant, group_size=group_size, fp8_dtype=fp8_dtype,
+                                   quantized=quantized, scales=scales)
+
+    # --- teardown ---------------------------------------------------------------
+
+    def close(self):
+        """Collective: close the domain's communicator (which waits for this
+        rank's work), then free the host and device buffers and the rail."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            self.local.close()
+        finally:
+            self._idle.close()
+            if self._rail.failure is None:
+                self._resources.release()
+            # else kept: an abandoned MPI request may still use the pinned buffers
+            self._rail.free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        shape = f"{self.domains} domains of {self.local.world}"
+        where = "closed" if self._closed else f"device {self.device}"
+        return f"<pyar.HierarchicalCommunicator rank {self.rank} of {self.world}, {shape}, {where}>"
+
+
+def _view(ptr, count, dtype, owner):
+    return DeviceArray.from_pointer(ptr, (count,), dtype, owner=owner, device=owner.device)
+
+
+def _host(pinned, count, dtype):
+    """The first ``count`` ``dtype`` elements of pinned memory, as numpy."""
+    return np.frombuffer(pinned, dtype, count=count)

@@ -1,0 +1,128 @@
+"""The inter-node step of the hierarchical all-reduce: the sum of one float32
+shard over a rail (one rank per IPC domain, pyar.comm.domains), on host
+buffers, with the same bits on every rank of the rail.
+
+MPI does not promise that ``Allreduce`` gives every rank the same bits (an
+implementation may reduce in a different order on each rank), so neither
+method below uses it; each element's sum is formed once, in one order:
+- "allgather": every rank receives every domain's shard and adds them in
+  domain order, each rank the same additions (N - 1 shards in per rank: one
+  step, the least latency, the same bytes as any all-reduce at 2 domains);
+- "reduce_scatter": ``Reduce_scatter_block`` sums block j on one rank, then
+  ``Allgather`` hands the sums out (2 (N - 1) / N shards in per rank: the
+  least traffic beyond 2 domains, in two steps).
+"auto" takes the first at 2 domains and the second beyond.
+
+Every MPI step is non-blocking and bounded: after ``wait`` seconds without
+completion the rail raises CollectiveTimeout and is failed for good.  An
+abandoned request may still be progressed by MPI, so its buffers and the
+communicator are kept (never freed), as pyar.comm.bounded does.
+"""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from pyar.comm.errors import CollectiveTimeout
+
+METHODS = ("auto", "allgather", "reduce_scatter")
+_SPIN = 2e-4          # seconds of busy testing before a pending step starts to sleep
+_LONGEST_PAUSE = 1e-3  # seconds between tests after that
+_ABANDONED: list = []  # requests (with their buffers) and rails a timeout left behind
+
+
+def choose(method, domains):
+    if method not in METHODS:
+        raise ValueError(f"rail method must be one of {METHODS}, got {method!r}")
+    if method == "auto":
+        return "allgather" if domains <= 2 else "reduce_scatter"
+    return method
+
+
+def send_capacity(elements, domains):
+    """Float32 elements a send buffer needs for a shard of ``elements``:
+    Reduce_scatter_block takes equal blocks, so the shard is padded."""
+    return domains * -(-elements // domains)
+
+
+class Rail:
+    """Sums over ``comm`` (this rank's rail, ranks in domain order);
+    ``ranks`` are the rail's ranks in the caller's communicator, for error
+    messages; every step waits at most ``wait`` seconds."""
+
+    def __init__(self, comm, wait, ranks, rank, method="auto"):
+        self.comm = comm
+        self.domains = comm.Get_size()
+        self.method = choose(method, self.domains)
+        self.wait = wait
+        self.ranks = tuple(ranks)
+        self.rank = rank
+        self.failure = None
+        self._buffers = {}
+
+    def sum(self, send, result, what):
+        """``result`` (``len(result)`` elements, any float dtype) = the sum
+        over the rail of ``send`` (float32, at least
+        ``send_capacity(len(result), domains)`` elements; its padding is
+        scratch).  ``what`` names the call in a CollectiveTimeout."""
+        if self.failure is not None:
+            raise self.failure
+        n = len(result)
+        if n == 0:
+            return result
+        if self.method == "allgather":
+            gathered = self._buffer("gathered", self.domains * n)
+            self._complete(self.comm.Iallgather(send[:n], gathered), gathered, what)
+            parts = gathered.reshape(self.domains, n)
+        else:
+            block = send_capacity(n, self.domains) // self.domains
+            mine = self._buffer("block", block)
+            self._complete(self.comm.Ireduce_scatter_block(
+                send[:block * self.domains], mine, op=MPI.SUM), mine, what)
+            gathered = self._buffer("gathered", self.domains * block)
+            self._complete(self.comm.Iallgather(mine, gathered), gathered, what)
+            parts = gathered[:n].reshape(1, n)
+        add_in_order(parts, result, self._buffer("total", n) if result.dtype != np.float32
+                     else None)
+        return result
+
+    def _buffer(self, name, elements):
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < elements:
+            buffer = self._buffers[name] = np.empty(elements, np.float32)
+        return buffer[:elements]
+
+    def _complete(self, request, buffer, what):
+        deadline = time.monotonic() + self.wait
+        spin_until = time.monotonic() + _SPIN
+        pause = _SPIN / 4
+        while not request.Test():
+            now = time.monotonic()
+            if now >= deadline:
+                _ABANDONED.append((request, buffer, self.comm))
+                self._buffers.clear()  # MPI may still write the old ones
+                self.failure = CollectiveTimeout(
+                    f"{what} (inter-node step over the rail of ranks "
+                    f"{', '.join(map(str, self.ranks))})", (), self.rank, self.wait)
+                raise self.failure
+            if now >= spin_until:
+                time.sleep(pause)
+                pause = min(2 * pause, _LONGEST_PAUSE)
+
+    def free(self):
+        """Collective over the rail, unless it failed: then it is kept."""
+        if self.failure is None:
+            self.comm.Free()
+
+
+def add_in_order(parts, result, total=None):
+    """``result`` = parts[0] + parts[1] + ... (rows of float32, added in
+    row order in float32), rounded once to ``result``'s dtype; ``total`` is
+    a float32 scratch row when ``result`` is not float32."""
+    total = result if total is None else total
+    np.copyto(total, parts[0])
+    for part in parts[1:]:
+        total += part
+    if total is not result:
+        np.copyto(result, total, casting="unsafe")
+    return result
