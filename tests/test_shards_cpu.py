@@ -12,6 +12,8 @@ then every rank's launch.  So a wrong offset, stride, chunk or staging copy
 on the host shows as a wrong sum here, before any GPU runs it.
 """
 import contextlib
+import os
+import re
 import types
 
 import ml_dtypes
@@ -22,6 +24,7 @@ pytest.importorskip("mpi4py")
 
 import pyar  # noqa: E402
 from pyar.comm import communicator, layout, shards  # noqa: E402
+from tests.mpi_launch import ROOT  # noqa: E402
 
 F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 DTYPES = (F32, F16, BF16)
@@ -487,3 +490,68 @@ def test_empty_arrays_launch_nothing(rank1):
     assert comm.reduce_scatter(x, out) is out
     assert comm.all_gather(x, out) is out
     assert comm.events == []
+
+
+# --- the kernels the host asks for ---------------------------------------------------
+
+SHARDS_SOURCE = os.path.join(ROOT, "src", "kernels", "shards.cu")
+_KINDS = {"const pyar::InputTable *": "ptr", "OutT *": "ptr", "T *": "ptr",
+          "const pyar::CommState *": "ptr", "uint64_t": "uint64", "uint32_t": "uint32"}
+
+
+def _macro(source, name):
+    body = re.search(r"#define %s\b(.*?)(?<!\\)\n" % name, source, re.S)
+    assert body, f"macro {name} not found in shards.cu"
+    return body.group(1).replace("\\\n", " ")
+
+
+def _parameter_kinds(text):
+    kinds = []
+    for p in text.split(","):
+        ctype = " ".join(re.match(r"(.*?)\w+$", p.strip()).group(1).split())
+        kinds.append(_KINDS[ctype])
+    return tuple(kinds)
+
+
+def _shard_entries(source):
+    """{kernel name: parameter kinds} that shards.cu's macros define."""
+    worlds = [int(w) for w in re.findall(r"M\(__VA_ARGS__, (\d+)\)",
+                                         _macro(source, "PYAR_SHARD_WORLDS"))]
+    shared = _macro(source, "PYAR_SHARD_PARAMS")
+    entries = {}
+    for operation, macro in (("reduce_scatter", "PYAR_REDUCE_SCATTER_ENTRY"),
+                             ("all_gather", "PYAR_ALL_GATHER_ENTRY")):
+        params = re.search(r"_w##W\((.*?)\)\s*\{", _macro(source, macro), re.S).group(1)
+        kinds = _parameter_kinds(params.replace("PYAR_SHARD_PARAMS", shared))
+        for name in re.findall(r"^PYAR_SHARD_WORLDS\(%s, (\w+)," % macro, source, re.M):
+            for world in worlds:
+                entries[f"pyar_{operation}_{name}_w{world}"] = kinds
+    return entries
+
+
+class _RecordingModule:
+    def __init__(self):
+        self.requests = []
+
+    def get_function(self, name, argtypes=()):
+        self.requests.append((name, tuple(argtypes)))
+        return object()
+
+
+def test_host_asks_for_exactly_the_shard_kernels_the_source_defines():
+    """Names and parameter kinds of src/kernels/shards.cu (PLAN section 2)."""
+    with open(SHARDS_SOURCE) as f:
+        entries = _shard_entries(f.read())
+    assert len(entries) == (5 + 3) * 7, sorted(entries)
+    asked = set()
+    for world in range(2, 9):
+        comm = communicator.Communicator.__new__(communicator.Communicator)
+        comm.world, comm._functions = world, {}
+        comm._shards_module = _RecordingModule()
+        comm._shard_functions()
+        comm._shard_functions()  # cached: asked once
+        assert len(comm._shards_module.requests) == 8
+        for name, argtypes in comm._shards_module.requests:
+            assert entries.get(name) == argtypes, (name, argtypes, entries.get(name))
+            asked.add(name)
+    assert asked == set(entries)
