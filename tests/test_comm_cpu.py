@@ -154,6 +154,10 @@ def test_layout_matches_the_kernel_structs(kernel_source):
     assert (communicator._FAILED, communicator._MISSING, communicator._CALL) == (0, 1, 9)
     assert (communicator._MISMATCH, communicator._SIGNATURES) == (10, 11)
     assert communicator._ERROR_WORDS == 28 >= 11 + 2 * communicator.MAX_WORLD
+    assert "s.error[2 + kMaxRanks], 1u" in kernel_source  # the mismatch word
+    assert "s.error[3 + kMaxRanks + 2 * threadIdx.x]" in kernel_source  # low half, high next
+    words = re.search(r"constexpr int kErrorWords = (\d+) \+ (\d+) \* kMaxRanks;", kernel_source)
+    assert words and int(words[1]) + int(words[2]) * 8 <= communicator._ERROR_WORDS
     # The layout global lists what KernelLayout reads, in its order.
     init = re.search(r"pyar_allreduce_layout\[(\d+)\] = \{(.*?)\};", kernel_source, re.S)
     assert init, "pyar_allreduce_layout not found"

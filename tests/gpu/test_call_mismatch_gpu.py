@@ -6,21 +6,12 @@ tests/mpi/call_mismatch.py; its positive control runs against kernels built
 with the comparison compiled out."""
 import pytest
 
-from tests.gpu.conftest import _build_control_kernels
 from tests.gpu.scenarios import rows_of, scenario
 
 pytestmark = pytest.mark.gpu
 
 CASES = {"elements", "elements-far", "dtype", "algorithm", "registered", "quantization",
          "operation"}
-
-
-@pytest.fixture(scope="session")
-def kernels_ignoring_signature(tmp_path_factory):
-    """The kernels with the start barrier's signature comparison compiled out
-    (PYAR_TEST_IGNORE_SIGNATURE), once per test session."""
-    return _build_control_kernels(tmp_path_factory, "signature_control_kernels",
-                                  ("PYAR_TEST_IGNORE_SIGNATURE=1",))
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -42,11 +33,12 @@ def test_mismatched_calls_raise_on_every_rank(world):
     assert rows_of(rows, "call-mismatch-after")[0]["wrong"] == 0
 
 
-def test_positive_control_sees_the_mismatch_without_the_check(kernels_ignoring_signature):
+def test_positive_control_sees_the_mismatch_without_the_check(kernels_ignoring_signatures):
     """Against kernels that skip the comparison, the same disagreeing calls
     (elements, dtype) go ahead: no MismatchError, and the ranks write outputs
-    from data their peers never meant to send -- what the check prevents."""
-    rows = rows_of(scenario("call_mismatch", 2, "control", kernels_ignoring_signature,
+    from data their peers never meant to send -- what the check prevents.
+    (kernels_ignoring_signatures: tests/gpu/conftest.py, PYAR_TEST_IGNORE_SIGNATURE=1.)"""
+    rows = rows_of(scenario("call_mismatch", 2, "control", kernels_ignoring_signatures,
                             timeout=240), "call-mismatch-control")
     assert {r["case"] for r in rows} == {"elements", "dtype"}
     for row in rows:
