@@ -421,10 +421,14 @@ def test_all_gather_refuses_wrong_arguments(rank1):
                                          r"on 4 ranks has 28 \(elements 28\.\.56: shards of "
                                          r"28 in rank order"):
         comm.all_gather(x, model.empty(r, OUT_AT, 100, F32, 0))
-    for bad in (-1, True, 100.0):
+    for bad in (-1, True, 100.0, np.int64(-1), "100"):
         with pytest.raises(ValueError, match="n must be a non-negative int"):
             comm.all_gather(x, n=bad)
     x = model.array(r, X_AT, np.ones(28, F32))
+    model.current = comm
+    out = model.empty(r, OUT_AT, 100, F32, 0)
+    assert comm.all_gather(x, out, n=np.int64(100)) is out  # any integer type
+    comm.events.clear()
     with pytest.raises(ValueError, match=r"expected \(100,\) \(100 elements\) and float32"):
         comm.all_gather(x, model.empty(r, OUT_AT, 101, F32, 0), n=100)
     with pytest.raises(ValueError, match="expected"):

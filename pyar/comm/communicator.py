@@ -693,8 +693,9 @@ class Communicator(_eager.EagerCalls):
                                 "count), which the shard lengths do not tell")
             out = self._device_array(out, "out")
             n = out.size
-        elif not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        elif isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"n must be a non-negative int, got {n!r}")
+        n = int(n)
         start, end = shards.bounds(n, self.world, itemsize, self.rank)
         if x.size != end - start:
             raise ValueError(
