@@ -39,6 +39,7 @@ def test_reduce_scatter_and_all_gather(world):
         for key in ("out_of_tolerance", "allreduce_differences", "gather_differences",
                     "rank_differences", "inputs_changed", "inexact"):
             assert row[key] == 0, (key, row)
+    assert rows_of(rows, "shards-fresh")[0]["mismatches"] == 0, rows
     adversarial = rows_of(rows, "shards-adversarial")
     assert {(r["operation"], r["variant"]) for r in adversarial} == {
         (o, v) for o in ("reduce_scatter", "all_gather") for v in ("staged", "registered")}

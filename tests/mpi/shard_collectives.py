@@ -17,7 +17,9 @@ random   Per dtype and count (1, 4097, one over the scratch size, 2**20 + 3,
            shard, hence the all-reduce's result, and the same bits on every rank;
          - with integer-valued inputs (``exact`` rows: counts 4097 and the
            shards of one length) every sum is exact;
-         - inputs of out-of-place calls are unchanged.
+         - inputs of out-of-place calls are unchanged;
+         - without ``out`` (a new array per call, planned then replayed) the
+           same bits as into a given one.
          A world of one: both are copies.
 adversarial
          The seeds' bug provoked, as tests/mpi/allreduce_adversarial.py does
@@ -211,10 +213,35 @@ def random_mode(sc):
                 if differ:
                     row.bad(sc, "rank_differences", f"{what}: gathered bits differ from "
                             f"rank(s) {differ}")
+    fresh_outputs(sc, comm, stream)
     comm.close()
     for (dtype, mode, exact), row in rows.items():
         sc.report(test="shards-random", dtype=dtype, mode=mode, exact=exact,
                   **{k: sc.sum(v) if k != "calls" else v for k, v in row.values.items()})
+
+
+def fresh_outputs(sc, comm, stream):
+    """Without ``out`` each call returns a new array (a replayed plan allocates
+    its own): the same bits as into a given ``out``, for every dtype."""
+    wrong = 0
+    for d, dtype in enumerate(DTYPES):
+        n = 4097
+        x = pyar.asarray(normal(dtype, n, 77, d, sc.rank), stream=stream)
+        given = pyar.empty((shards.length(n, sc.world, dtype.itemsize, sc.rank),), dtype,
+                           stream=stream)
+        comm.reduce_scatter(x, out=given, stream=stream)
+        whole = comm.all_gather(given, n=n, stream=stream)
+        comm.synchronize(stream)
+        want, want_whole = bits(given.get(stream=stream)), bits(whole.get(stream=stream))
+        for _ in range(2):  # planned, then replayed
+            shard = comm.reduce_scatter(x, stream=stream)
+            gathered = comm.all_gather(shard, n=n, stream=stream)
+            comm.synchronize(stream)
+            wrong += not sc.check(
+                shard is not given and np.array_equal(bits(shard.get(stream=stream)), want)
+                and np.array_equal(bits(gathered.get(stream=stream)), want_whole),
+                f"{dtype.name}: a new output differs from a given one")
+    sc.report(test="shards-fresh", mismatches=sc.sum(wrong))
 
 
 def world_of_one(sc):
