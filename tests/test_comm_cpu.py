@@ -6,6 +6,7 @@ exceptions, argument validation, and the MPI exchange helpers under mpirun
 Importing pyar.comm initializes MPI in this process (a singleton, no mpirun
 needed); the multi-rank checks run under mpirun.
 """
+import ctypes
 import os
 import pickle
 import re
@@ -147,9 +148,16 @@ def test_layout_matches_the_kernel_structs(kernel_source):
     assert _struct_fields(kernel_source, "InputTable") == ["const Pack16 *ptr[kMaxRanks]"]
     assert re.search(r"constexpr int kMaxRanks = 8;", kernel_source)
     assert communicator.MAX_WORLD == 8
-    # The error record: [0] timed out, [1 + r] rank r missing, [1 + kMaxRanks] the call.
+    # The error record: [0] failed, [1 + r] rank r missing, [1 + kMaxRanks] the call;
+    # then the mismatch word and two words per rank's signature (PLAN section 1).
     assert "s.error[1 + kMaxRanks]" in kernel_source and "s.error[1 + peer]" in kernel_source
-    assert communicator._ERROR_WORDS == 2 + communicator.MAX_WORLD
+    assert (communicator._FAILED, communicator._MISSING, communicator._CALL) == (0, 1, 9)
+    assert (communicator._MISMATCH, communicator._SIGNATURES) == (10, 11)
+    assert communicator._ERROR_WORDS == 28 >= 11 + 2 * communicator.MAX_WORLD
+    assert "s.error[2 + kMaxRanks], 1u" in kernel_source  # the mismatch word
+    assert "s.error[3 + kMaxRanks + 2 * threadIdx.x]" in kernel_source  # low half, high next
+    words = re.search(r"constexpr int kErrorWords = (\d+) \+ (\d+) \* kMaxRanks;", kernel_source)
+    assert words and int(words[1]) + int(words[2]) * 8 <= communicator._ERROR_WORDS
     # The layout global lists what KernelLayout reads, in its order.
     init = re.search(r"pyar_allreduce_layout\[(\d+)\] = \{(.*?)\};", kernel_source, re.S)
     assert init, "pyar_allreduce_layout not found"
@@ -239,8 +247,9 @@ def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, 
     count = 2 * max_size // itemsize + 1000  # two whole chunks and a short one
     x = pyar.DeviceArray.from_pointer(0x7000_0000_0000, (count,), np.float16, device=0)
     out = pyar.DeviceArray.from_pointer(0x7100_0000_0000, (count,), np.float16, device=0)
-    comm._launch(x, out, "twoshot", registered, stream=None)
-    names = ["in", "in_offset", "out", "state", "n", "timeout_ns", "call"]
+    for step in comm._allreduce_steps(x, out, "twoshot", registered):
+        comm._run_step(step, None)
+    names = ["in", "in_offset", "out", "state", "n", "timeout_ns", "signature", "call"]
     firsts = [0, 2048, 4096]
     assert len(function.launches) == 3
     for number, (first, (grid, block, args)) in enumerate(zip(firsts, function.launches)):
@@ -248,6 +257,8 @@ def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, 
         n = min(2048, count - first)
         assert got["n"] == n and got["out"] == out.ptr + first * itemsize
         assert got["call"] == number and got["state"] == comm._state.ptr
+        assert got["signature"] == layout.signature("twoshot", n, np.float16,
+                                                    registered is not None)
         # Two-shot: each rank reduces a quarter of the chunk's packs, 512 threads a block.
         assert (grid, block) == (min(3, max(1, -(-(n // 8 // 4) // 512))), 512)
         if registered is None:
@@ -266,6 +277,140 @@ def test_kernel_dtypes():
     import ml_dtypes
     assert set(communicator._KERNEL_TYPES) == {
         np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+
+
+# --- the call signature (PLAN section 1) ---------------------------------------------
+
+BF16 = np.dtype("bfloat16")
+
+
+def test_signature_bit_positions():
+    """bits 0-39 elements, 40-47 operation, 48-51 dtype, 52 registered,
+    53-56 quantization, 57-63 zero."""
+    assert layout.signature("oneshot", 4096, np.float32, False) == 4096 | 1 << 40 | 1 << 48
+    assert layout.signature("all_gather", 0, np.float16, True) == 7 << 40 | 2 << 48 | 1 << 52
+    assert layout.signature("onestage", 5, BF16, False, 0xF) == (
+        5 | 3 << 40 | 3 << 48 | 0xF << 53)
+    assert layout.OPERATIONS == {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4,
+                                 "split": 5, "reduce_scatter": 6, "all_gather": 7}
+    assert layout.signature("split", (1 << 40) - 1, BF16, True, 0xF) < 1 << 57
+
+
+@pytest.mark.parametrize("operation", sorted(layout.OPERATIONS))
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float16), BF16])
+@pytest.mark.parametrize("elements", [0, 1, 4096, 4097, (1 << 40) - 1])
+def test_signature_round_trip(operation, dtype, elements):
+    for registered in (False, True):
+        for quantization in (0, 1, 2, 15):
+            value = layout.signature(operation, elements, dtype, registered, quantization)
+            assert layout.decode_signature(value) == (operation, elements, dtype, registered,
+                                                      quantization)
+
+
+def test_signatures_differ_in_every_field():
+    base = ("twoshot", 4096, BF16, False, 0)
+    variants = [("oneshot", 4096, BF16, False, 0), ("twoshot", 4097, BF16, False, 0),
+                ("twoshot", 4096, np.float16, False, 0), ("twoshot", 4096, BF16, True, 0),
+                ("twoshot", 4096, BF16, False, 1)]
+    values = {layout.signature(*v) for v in [base, *variants]}
+    assert len(values) == 6
+
+
+@pytest.mark.parametrize("bad", [dict(elements=-1), dict(elements=1 << 40),
+                                 dict(quantization=16), dict(quantization=-1)])
+def test_signature_refuses_what_does_not_fit(bad):
+    args = dict(operation="oneshot", elements=1, dtype=np.float32, registered=False,
+                quantization=0)
+    args.update(bad)
+    with pytest.raises(ValueError, match="does not fit|do not fit"):
+        layout.signature(**args)
+
+
+def test_signature_descriptions():
+    assert layout.describe_signature(layout.signature("twoshot", 4096, BF16, False)) == (
+        "allreduce twoshot 4096 x bfloat16 staged")
+    assert layout.describe_signature(layout.signature("onestage", 8192, np.float16, True, 1)) \
+        == "allreduce_rmsnorm onestage 8192 x float16 registered, fp8 quantization"
+    assert layout.describe_signature(layout.signature("split", 8192, BF16, False)) == (
+        "allreduce_rmsnorm split 8192 x bfloat16 staged, no quantization")
+    assert layout.describe_signature(layout.signature("reduce_scatter", 7, BF16, True, 1)) \
+        == "reduce_scatter 7 x bfloat16 registered, float32 output"
+    assert layout.describe_signature(layout.signature("reduce_scatter", 7, BF16, True)) == (
+        "reduce_scatter 7 x bfloat16 registered, bfloat16 output")
+    assert layout.describe_signature(layout.signature("all_gather", 9, np.float32, False)) == (
+        "all_gather 9 x float32 staged")
+    assert "unknown call" in layout.describe_signature(9 << 40 | 1 << 48)
+    assert "unknown call" in layout.describe_signature(1 << 60 | 1 << 40 | 1 << 48)
+    assert "did not arrive" in layout.describe_signature(0)
+
+
+def _failed_comm(world, words):
+    """A communicator whose kernels left ``words`` in its error record."""
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm.world, comm.rank, comm.timeout, comm._call_log = world, 1, 2.0, {}
+    record = (ctypes.c_uint32 * communicator._ERROR_WORDS)()
+    for index, value in words.items():
+        record[index] = value
+    comm._error_words = record
+    comm._call_log[7] = "allreduce call 7 (twoshot, 4096 x bfloat16)"
+    return comm
+
+
+def _signature_words(signatures):
+    words = {}
+    for rank, value in enumerate(signatures):
+        words[communicator._SIGNATURES + 2 * rank] = value & 0xFFFFFFFF
+        words[communicator._SIGNATURES + 2 * rank + 1] = value >> 32
+    return words
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_a_recorded_mismatch_raises_naming_every_rank(world):
+    """The start barrier's record (PLAN section 1) becomes a MismatchError naming
+    every rank's decoded call; the communicator stays failed."""
+    calls = [layout.signature("twoshot", 4096, BF16, False)] * world
+    calls[-1] = layout.signature("twoshot", 4097, BF16, False)
+    comm = _failed_comm(world, {communicator._FAILED: 1, communicator._CALL: 7,
+                                communicator._MISMATCH: 1, **_signature_words(calls)})
+    with pytest.raises(MismatchError) as raised:
+        comm._check_kernel_failure()
+    text = str(raised.value)
+    assert text.startswith("allreduce call 7 (twoshot, 4096 x bfloat16) on rank 1: ")
+    for rank in range(world - 1):
+        assert f"rank {rank}: allreduce twoshot 4096 x bfloat16 staged;" in text
+    assert f"rank {world - 1}: allreduce twoshot 4097 x bfloat16 staged)" in text
+    assert "no rank read another's data" in text
+    assert comm._failure is raised.value
+    with pytest.raises(MismatchError):
+        comm._check_kernel_failure()  # read again, raised again
+    copy = pickle.loads(pickle.dumps(raised.value))
+    assert type(copy) is MismatchError and str(copy) == text
+
+
+def test_a_recorded_mismatch_names_dtypes_modes_and_quantization():
+    calls = [layout.signature("onestage", 4096, BF16, False, 1),
+             layout.signature("onestage", 4096, np.float16, True, 2),
+             layout.signature("split", 4096, BF16, False, 0)]
+    comm = _failed_comm(3, {communicator._FAILED: 1, communicator._CALL: 7,
+                            communicator._MISMATCH: 1, **_signature_words(calls)})
+    with pytest.raises(MismatchError, match=(
+            r"rank 0: allreduce_rmsnorm onestage 4096 x bfloat16 staged, fp8 quantization; "
+            r"rank 1: allreduce_rmsnorm onestage 4096 x float16 registered, mxfp4 "
+            r"quantization; rank 2: allreduce_rmsnorm split 4096 x bfloat16 staged, no "
+            r"quantization\)")):
+        comm._check_kernel_failure()
+
+
+def test_a_recorded_timeout_still_raises_collective_timeout():
+    comm = _failed_comm(4, {communicator._FAILED: 1, communicator._CALL: 7,
+                            communicator._MISSING + 3: 1})
+    with pytest.raises(CollectiveTimeout) as raised:
+        comm._check_kernel_failure()
+    assert raised.value.missing == (3,) and "allreduce call 7" in raised.value.call
+
+
+def test_a_clean_record_raises_nothing():
+    _failed_comm(4, {})._check_kernel_failure()
 
 
 # --- exceptions -------------------------------------------------------------------

@@ -22,13 +22,13 @@ pytest.importorskip("mpi4py")
 import pyar  # noqa: E402
 from pyar import _hip  # noqa: E402
 from pyar.array import foreign  # noqa: E402
-from pyar.comm import _eager, communicator  # noqa: E402
+from pyar.comm import _eager, communicator, layout  # noqa: E402
 
 F16 = np.dtype(np.float16)
 
 
 class Function:
-    argtypes = ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint32")
+    argtypes = ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint64", "uint32")
 
     def __init__(self):
         self.launches = []
@@ -111,7 +111,9 @@ def test_a_repeated_call_replays_its_plan(comm):
     # Compiled from exactly the steps the checked call ran, call number last.
     (grid, block, args, _), = comm.function.launches
     assert plan.steps == [("copy", comm._buffer.ptr + comm._scratch_offset, X, 2000, None),
-                          ("kernel", comm.function, grid, block, (*args[:-1], 0), 6, {})]
+                          ("kernel", comm.function, grid, block, (*args[:-1], 0), 7, {})]
+    # The signature is fixed per planned step, so the plan carries it as it is.
+    assert args[-2] == layout.signature("oneshot", 1000, F16, False)
     for _ in range(3):
         assert comm.allreduce(x, out=y) is y
     assert comm.prepared == 1 and len(comm.function.launches) == 1  # nothing checked again
@@ -402,7 +404,8 @@ def test_split_replays_both_kernels_numbering_only_the_first(monkeypatch):
     (a_grid, a_block, a_args, _), = kernel_a.launches  # the checked call only
     (b_grid, b_block, b_args, _), = kernel_b.launches
     assert [step[0] for step in plan.steps] == ["copy", "kernel", "kernel"]
-    assert plan.steps[1] == ("kernel", kernel_a, a_grid, a_block, (*a_args[:-1], 0), 6, {})
+    assert plan.steps[1] == ("kernel", kernel_a, a_grid, a_block, (*a_args[:-1], 0), 7, {})
+    assert a_args[-2] == layout.signature("split", 1000, x.dtype, False)
     assert plan.steps[2] == ("kernel", kernel_b, b_grid, b_block, b_args, None, {})
     assert plan.runs == [(0, 1, 0)]
     assert comm._calls == 2

@@ -45,7 +45,7 @@ import pytest
 pytest.importorskip("mpi4py")  # pyar.comm initializes MPI (a singleton here)
 
 import pyar  # noqa: E402
-from pyar.comm import algorithms, communicator, rmsnorm  # noqa: E402
+from pyar.comm import algorithms, communicator, layout, rmsnorm  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "src", "kernels")
@@ -328,7 +328,7 @@ def test_kernel_dtype_names_are_the_hosts(source):
 def test_fused_entry_parameters_are_the_fused_types(source):
     _, params = _fused_entries(source)
     assert [name for _, name in params] == [
-        "in", "in_offset", "tokens", *ROW_FIELDS, "state", "timeout_ns", "call"]
+        "in", "in_offset", "tokens", *ROW_FIELDS, "state", "timeout_ns", "signature", "call"]
     assert tuple(_kind(ctype) for ctype, _ in params) == rmsnorm.FUSED_TYPES
 
 
@@ -364,7 +364,7 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
 def test_split_entry_parameters_are_the_split_types(source):
     _, params = _split_entries(source)
     assert [name for _, name in params] == [
-        "in", "in_offset", "tokens", "hidden", "state", "timeout_ns", "call"]
+        "in", "in_offset", "tokens", "hidden", "state", "timeout_ns", "signature", "call"]
     assert tuple(_kind(ctype) for ctype, _ in params) == rmsnorm.SPLIT_TYPES
 
 
@@ -646,6 +646,9 @@ def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeyp
         assert got["y"] == 0  # quantized output only: no out
         assert got["state"] == comm._state.ptr and got["timeout_ns"] == comm._timeout_ns
         assert got["call"] == number
+        assert got["signature"] == layout.signature(
+            "twostage", count * hidden, call.x.dtype, registered is not None,
+            call.quant_code & 0xF)
         if registered is None:
             assert got["in"] == comm._staged_table.ptr and got["in_offset"] == 0
         else:
@@ -697,7 +700,9 @@ def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, regi
         assert got == {"in": registered or comm._staged_table.ptr,
                        "in_offset": 0 if registered is None else first * row // 16,
                        "tokens": count, "hidden": hidden, "state": comm._state.ptr,
-                       "timeout_ns": comm._timeout_ns, "call": number}
+                       "timeout_ns": comm._timeout_ns, "call": number,
+                       "signature": layout.signature("split", count * hidden, call.x.dtype,
+                                                     registered is not None, 2)}
         grid, block, args, stream = kernel_b.launches[number]
         got = dict(zip(b_names, args))
         assert (grid, block, stream) == (count, 512, "S")

@@ -14,10 +14,14 @@ change between replays.
 A signature is not replayed, but checked and planned again, when anything
 else the checks depend on may have changed: the communicator is closed,
 failed or debugging (PYAR_DEBUG checks every call across ranks), a kernel
-timed out, the stream is capturing (captures register their inputs), an
-array's memory was freed, a foreign array moved or its library's current
-stream is not the call's; and every plan is forgotten when the buffer
-registry changes (``_forget_plans``).
+failed (timed out, or found that the ranks' calls disagree), the stream is
+capturing (captures register their inputs), an array's memory was freed, a
+foreign array moved or its library's current stream is not the call's; and
+every plan is forgotten when the buffer registry changes (``_forget_plans``).
+
+A planned kernel's arguments include its call signature (layout.signature),
+which the plan key fixes: the same arrays, algorithm and registry give the
+same signature.
 """
 import weakref
 
@@ -88,7 +92,7 @@ cdef class EagerCalls:
     cdef public object _call_log
     cdef list _replayed                      # call number % CALL_LOG -> (kind, details)
     cdef unsigned long long _replayed_numbers[CALL_LOG]
-    cdef public uintptr_t _error_ptr   # host-visible timeout record, 0 until allocated
+    cdef public uintptr_t _error_ptr   # host-visible error record, 0 until allocated
     cdef public object _sequence_type  # what plans are compiled into
     cdef readonly dict _plans
     cdef dict _by_identity  # (kind, stream, rest, ids) -> (array refs, plan, key)
@@ -235,8 +239,16 @@ cdef class EagerCalls:
     def _replay_allreduce(self, x, out, algo, stream):
         """``out`` (or a new array) with the planned launches queued, when
         this signature was planned before; else None."""
+        return self._replay_into("allreduce", x, out, (algo,), stream)
+
+    def _replay_shards(self, str kind, x, out, tuple rest, stream):
+        """The same for reduce_scatter and all_gather (``kind``), whose other
+        arguments are ``rest``."""
+        return self._replay_into(kind, x, out, rest, stream)
+
+    cdef object _replay_into(self, str kind, x, out, tuple rest, stream):
         cdef Plan plan
-        found = self._lookup("allreduce", (x, out), (algo,), stream)
+        found = self._lookup(kind, (x, out), rest, stream)
         if found is None:
             return None
         plan, key, handle = found

@@ -9,8 +9,8 @@ import numpy as np
 
 from pyar import _hip, _kernels, diagnostics
 from pyar.array import DeviceArray, asarray, empty
-from pyar.comm import _eager, algorithms, exchange, layout, rmsnorm, topology
-from pyar.comm.errors import CollectiveTimeout, PeerAccessError
+from pyar.comm import _eager, algorithms, exchange, layout, rmsnorm, shards, topology
+from pyar.comm.errors import CollectiveTimeout, MismatchError, PeerAccessError
 from pyar.comm.registry import BufferRegistry
 from pyar.comm.resources import Resources
 
@@ -24,10 +24,19 @@ _KERNEL_TYPES = {
     np.dtype(np.float16): "f16",
     np.dtype(ml_dtypes.bfloat16): "bf16",
 }
-# Host-visible error record the kernels write on timeout: [0] timed out,
-# [1 + r] rank r never arrived, [1 + max ranks] the call's sequence number.
-_ERROR_WORDS = 2 + MAX_WORLD
+# Host-visible error record the kernels write (uint32 words): [0] failed
+# (timeout or mismatch), [1 + r] rank r never arrived, [9] the call's sequence
+# number, [10] the ranks' call signatures disagree, [11 + 2r] and [12 + 2r]
+# the low and high words of rank r's signature.
+_FAILED, _MISSING, _CALL, _MISMATCH, _SIGNATURES = 0, 1, 9, 10, 11
+_ERROR_WORDS = 28
 _CALL_LOG = 4096
+# reduce_scatter/all_gather kernels (src/kernels/shards.cu): input table,
+# in_offset, in_stride, out, state, n, shard, first, count, timeout_ns,
+# signature, call.
+_SHARD_TYPES = ("ptr", "uint64", "uint64", "ptr", "ptr", "uint64", "uint64", "uint64",
+                "uint64", "uint64", "uint64", "uint32")
+_FLOAT32 = np.dtype(np.float32)
 
 
 def _env_flag(name):
@@ -70,9 +79,11 @@ class Communicator(_eager.EagerCalls):
     (default ``PYAR_RANKS_PER_NODE``, else the whole node) is the number of
     ranks per IPC domain; over several domains the constructor returns a
     pyar.comm.hierarchical.HierarchicalCommunicator.  ``kernels``
-    names a directory of code objects built from src/kernels (allreduce and
-    allreduce_rmsnorm, named like the shipped ones) to use instead of them.  ``debug`` (default ``PYAR_DEBUG``) checks before
-    each call that all ranks passed the same arguments.
+    names a directory of code objects built from src/kernels (allreduce,
+    allreduce_rmsnorm and shards, named like the shipped ones) to use instead
+    of them.  ``debug`` (default ``PYAR_DEBUG``) checks before each call that
+    all ranks passed the same arguments; without it the kernels still compare
+    every rank's call at their start barrier and raise MismatchError.
 
     Calls on one communicator must be ordered with respect to each other
     (one stream, or streams the caller synchronizes), like NCCL's.
@@ -166,6 +177,8 @@ class Communicator(_eager.EagerCalls):
         sharing = topology.ranks_sharing(bus_ids, self.rank)
         self._max_blocks = exchange.agree_min(node, exchange.run_everywhere(
             node, self._block_cap, sharing, self._allreduce_functions()))
+        self._max_shard_blocks = exchange.agree_min(node, exchange.run_everywhere(
+            node, self._block_cap, sharing, self._shard_functions()))
         # Per fused kernel: their register use, and so their occupancy,
         # differs by variant and dtype by up to 2x.
         caps = node.allgather(exchange.run_everywhere(node, self._fused_block_caps, sharing))
@@ -183,6 +196,7 @@ class Communicator(_eager.EagerCalls):
         found = layout.KernelLayout(module)
         if self.world > found.max_ranks:
             raise ValueError(f"the kernels support {found.max_ranks} ranks, not {self.world}")
+        self._shards_module = self._load_module("shards")
         return module, found, rmsnorm.RowKernels(self._load_module("allreduce_rmsnorm"))
 
     def _allocate(self):
@@ -284,7 +298,24 @@ class Communicator(_eager.EagerCalls):
         if function is None:
             name = f"pyar_allreduce_{algo.replace('shot', '_shot')}_{_KERNEL_TYPES[dtype]}_w{self.world}"
             function = self._module.get_function(
-                name, ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint32"))
+                name, ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint64", "uint32"))
+            self._functions[key] = function
+        return function
+
+    def _shard_functions(self):
+        return ([self._shard_function("reduce_scatter", d, o)
+                 for d in _KERNEL_TYPES for o in _reduce_scatter_outputs(d)]
+                + [self._shard_function("all_gather", d, d) for d in _KERNEL_TYPES])
+
+    def _shard_function(self, operation, dtype, out_dtype):
+        key = (operation, dtype, out_dtype)
+        function = self._functions.get(key)
+        if function is None:
+            types = _KERNEL_TYPES[dtype]
+            if operation == "reduce_scatter":
+                types += "_" + _KERNEL_TYPES[out_dtype]
+            function = self._shards_module.get_function(
+                f"pyar_{operation}_{types}_w{self.world}", _SHARD_TYPES)
             self._functions[key] = function
         return function
 
@@ -302,23 +333,37 @@ class Communicator(_eager.EagerCalls):
         if self._node.failure is not None:
             raise self._node.failure
 
-    def _check_timeout(self):
+    def _check_kernel_failure(self):
+        """Raise what a kernel recorded, once and from then on: MismatchError
+        when the ranks' call signatures disagreed at a start barrier, else
+        CollectiveTimeout naming the ranks that never arrived."""
         words = self._error_words if self.world > 1 else None
-        if words is None or not words[0]:
+        if words is None or not words[_FAILED]:
             return
-        missing = [r for r in range(self.world) if words[1 + r]]
-        number = int(words[1 + MAX_WORLD])
+        number = int(words[_CALL])
         call = (self._replayed_call(number) or self._call_log.get(number % _CALL_LOG)
                 or "a collective")
-        self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
+        if words[_MISMATCH]:
+            calls = "; ".join(
+                f"rank {r}: " + layout.describe_signature(
+                    words[_SIGNATURES + 2 * r] | words[_SIGNATURES + 2 * r + 1] << 32)
+                for r in range(self.world))
+            self._failure = MismatchError(
+                f"{call} on rank {self.rank}: the ranks called different collectives "
+                f"({calls}); no rank read another's data, and the communicator is now "
+                "closed to further calls")
+        else:
+            missing = [r for r in range(self.world) if words[_MISSING + r]]
+            self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
         raise self._failure
 
     def synchronize(self, stream=None):
         """Wait for this rank's calls on ``stream``; raise CollectiveTimeout if
-        one of them gave up waiting for a peer."""
+        one of them gave up waiting for a peer, MismatchError if the ranks
+        called different collectives."""
         self._check_usable()
         _hip.as_stream(stream).synchronize()
-        self._check_timeout()
+        self._check_kernel_failure()
 
     # --- arrays -----------------------------------------------------------------
 
@@ -340,23 +385,33 @@ class Communicator(_eager.EagerCalls):
         return x
 
     def _output(self, x, out, stream):
+        """The all-reduce's output: like ``x``; ``x`` itself for in place."""
+        given = out
+        out = self._checked_output(out, x.shape, (x.dtype,), stream, " like the input")
+        if given is not None and out.ptr != x.ptr and _overlap(out, x):
+            raise ValueError("out partially overlaps the input; pass the input itself "
+                             "(in place) or a separate array")
+        return out
+
+    def _checked_output(self, out, shape, dtypes, stream, like="", any_shape=False):
+        """``out`` checked to have ``shape`` (with ``any_shape``: as many
+        elements) and one of ``dtypes``, and to be writable and aligned; a new
+        array of ``shape`` and ``dtypes[0]`` when None."""
         if out is None:
             # Ordered on the call's stream, the null stream included: dropping
             # the result frees it there, without waiting for the device.
-            return empty(x.shape, x.dtype, stream=_hip.as_stream(stream))
+            return empty(shape, dtypes[0], stream=_hip.as_stream(stream))
         out = self._device_array(out, "out")
-        if out.shape != x.shape or out.dtype != x.dtype:
+        fits = out.size == int(np.prod(shape)) if any_shape else out.shape == shape
+        if not fits or out.dtype not in dtypes:
+            elements = f" ({int(np.prod(shape))} elements)" if any_shape else ""
             raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected "
-                             f"{x.shape} and {x.dtype} like the input")
+                             f"{shape}{elements} and {' or '.join(map(str, dtypes))}{like}")
         if out.readonly:
             raise ValueError("out is a read-only array")
         if out.size and out.ptr % layout.PACK_BYTES:
             raise ValueError(f"out is not {layout.PACK_BYTES}-byte aligned "
                              f"(address {out.ptr:#x})")
-        same = out.ptr == x.ptr
-        if not same and out.ptr < x.ptr + x.nbytes and x.ptr < out.ptr + out.nbytes:
-            raise ValueError("out partially overlaps the input; pass the input itself "
-                             "(in place) or a separate array")
         return out
 
     # --- collectives ------------------------------------------------------------
@@ -470,30 +525,27 @@ class Communicator(_eager.EagerCalls):
             return replayed
         given = x, out, algo
         self._check_usable()
-        if self.debug and self.world > 1:
-            # Validate everywhere first, so that a rank whose arguments are
-            # wrong raises on every rank instead of leaving peers waiting.
-            with self._node.step("allreduce (PYAR_DEBUG check)"):
-                x, out, algo, registered = exchange.run_everywhere(
-                    self._node, self._prepare, x, out, algo, stream)
-                exchange.check_agreement(
-                    self._node, "the all-reduce (elements, dtype, algorithm, registered input)",
-                    (x.size, str(x.dtype), algo, registered is not None))
-        else:
-            x, out, algo, registered = self._prepare(x, out, algo, stream)
+        x, out, algo, registered = self._prepared(
+            "allreduce", "all-reduce (elements, dtype, algorithm, registered input)",
+            lambda x, out, algo, registered: (x.size, str(x.dtype), algo, registered is not None),
+            self._prepare, x, out, algo, stream)
         if x.size == 0:
             return out
-        if self.world == 1:
-            steps = [("copy", out.ptr, x.ptr, x.nbytes)] if out.ptr != x.ptr else []
-            for step in steps:
-                self._run_step(step, stream)
-        else:
-            self._check_timeout()
-            steps = self._launch(x, out, algo, registered, stream)
-        fresh = None if given[1] is not None else (
-            out.shape, out.dtype, out.nbytes, (out.ptr, out.ptr + out.nbytes))
-        self._remember("allreduce", given[:2], given[2:], stream, steps, fresh, out.dtype)
-        return out
+        return self._queue_planned("allreduce", given[:2], given[2:], stream, x, out,
+                                   lambda: self._allreduce_steps(x, out, algo, registered))
+
+    def _prepared(self, kind, what, agreement, prepare, *args):
+        """``prepare(*args)``: the call's checked arguments.  Under PYAR_DEBUG
+        it runs on every rank together, so that a rank whose arguments are
+        wrong raises on every rank instead of leaving peers waiting, and the
+        ranks' ``agreement(*prepared)`` must be equal (MismatchError naming
+        ``what`` if not), before any launch."""
+        if not (self.debug and self.world > 1):
+            return prepare(*args)
+        with self._node.step(f"{kind} (PYAR_DEBUG check)"):
+            prepared = exchange.run_everywhere(self._node, prepare, *args)
+            exchange.check_agreement(self._node, f"the {what}", agreement(*prepared))
+        return prepared
 
     def _prepare(self, x, out, algo, stream):
         """The call's arrays, algorithm and input table (None: staged)."""
@@ -526,13 +578,6 @@ class Communicator(_eager.EagerCalls):
                              "(peers are still reading it); use 'twoshot' or 'auto'")
         return algo
 
-    def _launch(self, x, out, algo, registered, stream):
-        """Queue the all-reduce's steps; returns them, for its plan."""
-        steps = list(self._allreduce_steps(x, out, algo, registered))
-        for step in steps:
-            self._run_step(step, stream)
-        return steps
-
     def _allreduce_steps(self, x, out, algo, registered):
         """The copies and launches of one all-reduce, chunk by chunk."""
         function = self._function(algo, x.dtype)
@@ -550,14 +595,15 @@ class Communicator(_eager.EagerCalls):
             packs = count // lanes
             work = packs if algo == "oneshot" else -(-packs // self.world)
             blocks = min(self._max_blocks, max(1, -(-work // threads)))
+            signature = layout.signature(algo, count, x.dtype, registered is not None)
             yield ("kernel", function, blocks, threads,
                    (table, in_offset, out.ptr + offset, self._state.ptr, count,
-                    self._timeout_ns), "allreduce", f"({algo}, {count} x {x.dtype})")
+                    self._timeout_ns, signature), "allreduce", f"({algo}, {count} x {x.dtype})")
 
     def _run_step(self, step, stream):
-        """Queue one step of ``_allreduce_steps``/``_rmsnorm_steps``; a
-        kernel's last argument is its call number, a local kernel (one that
-        waits for no peer) has none."""
+        """Queue one step of a collective (``_allreduce_steps`` and the
+        like); a kernel's last argument is its call number, a local kernel
+        (one that waits for no peer) has none."""
         if step[0] == "copy":
             _, dst, src, nbytes = step
             _hip.memcpy_dtod(dst, src, nbytes, stream)
@@ -587,6 +633,189 @@ class Communicator(_eager.EagerCalls):
         self._checked_call(call)
         self._calls += 1
         return call
+
+    # --- reduce-scatter and all-gather --------------------------------------------
+
+    def reduce_scatter(self, x, out=None, stream=None):
+        """Sum ``x`` over all ranks and return this rank's shard of the sum
+        (1-D), queued on ``stream``; asynchronous like ``allreduce``.
+
+        Shards (pyar/comm/shards.py): with L = 16 // x.itemsize and n =
+        x.size, ``shard = L * ceil(n / (L * world))`` and rank r gets elements
+        ``[min(n, r * shard), min(n, (r + 1) * shard))`` of the flattened sum:
+        contiguous, in rank order, the last shards shorter or empty.  Sums run
+        in float32 in rank order, so every rank's shard holds the bits an
+        ``allreduce`` of ``x`` would.  ``out`` (a new array if None) has that
+        many elements and x's dtype, or float32 for a float16/bfloat16 ``x``:
+        the sums unrounded.  It must not overlap ``x``.  Inputs are staged,
+        registered or captured like ``allreduce``'s.
+        """
+        replayed = self._replay_shards("reduce_scatter", x, out, (), stream)
+        if replayed is not None:
+            return replayed
+        given = x, out
+        self._check_usable()
+        x, out, registered = self._prepared(
+            "reduce_scatter", "reduce_scatter (elements, dtype, output dtype, registered input)",
+            lambda x, out, registered: (x.size, str(x.dtype), str(out.dtype),
+                                        registered is not None),
+            self._prepare_reduce_scatter, x, out, stream)
+        if x.size == 0:
+            return out
+        return self._queue_planned("reduce_scatter", given, (), stream, x, out,
+                                   lambda: self._reduce_scatter_steps(x, out, registered))
+
+    def _prepare_reduce_scatter(self, x, out, stream):
+        """The call's arrays and input table (None: staged)."""
+        x = self._device_array(x, "x")
+        length = shards.length(x.size, self.world, x.dtype.itemsize, self.rank)
+        dtypes = _reduce_scatter_outputs(x.dtype)
+        if self.world == 1 and x.dtype != _FLOAT32:
+            dtypes = (x.dtype,)  # no widening kernel runs in a world of one
+        out = self._checked_output(out, (length,), dtypes, stream,
+                                   f" (this rank's shard of {x.size} elements)")
+        if _overlap(out, x):
+            raise ValueError("out overlaps the input x; reduce_scatter needs a separate "
+                             "array")
+        if self.world == 1 or x.size == 0:
+            return x, out, None
+        return x, out, self._input_table(x, stream)
+
+    def _reduce_scatter_steps(self, x, out, registered):
+        """The copies and launches of one reduce_scatter, a run of every
+        shard per launch.  Staged: the run of shard q goes to scratch element
+        q * count, where every rank's kernel reads the run of its own shard."""
+        n, itemsize, world = x.size, x.dtype.itemsize, self.world
+        shard = shards.shard_size(n, world, itemsize)
+        function = self._shard_function("reduce_scatter", x.dtype, out.dtype)
+        signature = layout.signature("reduce_scatter", n, x.dtype, registered is not None,
+                                     int(out.dtype != x.dtype))
+        most = shards.chunk_elements(self.max_size // itemsize // world, itemsize)
+        scratch = self._buffer.ptr + self._scratch_offset
+        for first, count in shards.chunks(n, world, itemsize, most):
+            if registered is not None:
+                table, in_offset, in_stride = registered, first, shard
+            elif count == shard:  # the whole shards: the scratch holds x as it is
+                table, in_offset, in_stride = self._staged_table.ptr, 0, count
+                yield ("copy", scratch, x.ptr, x.nbytes)
+            else:
+                table, in_offset, in_stride = self._staged_table.ptr, 0, count
+                for q in range(world):
+                    run = shards.run_length(n, world, itemsize, q, first, count)
+                    if run:
+                        yield ("copy", scratch + q * count * itemsize,
+                               x.ptr + (q * shard + first) * itemsize, run * itemsize)
+            yield ("kernel", function, self._shard_blocks(count, itemsize),
+                   self._layout.threads,
+                   (table, in_offset, in_stride, out.ptr + first * out.dtype.itemsize,
+                    self._state.ptr, n, shard, first, count, self._timeout_ns, signature),
+                   "reduce_scatter", f"({n} x {x.dtype} to {out.dtype}, shard elements "
+                   f"{first}..{first + count})")
+
+    def all_gather(self, x, out=None, stream=None, n=None):
+        """Concatenate every rank's shard ``x`` in rank order into the whole
+        array of ``n`` elements, on every rank; returns ``out``, queued on
+        ``stream`` and asynchronous like ``allreduce``.
+
+        ``x`` is this rank's shard under the rule of ``reduce_scatter``
+        (pyar/comm/shards.py): with L = 16 // x.itemsize, ``shard = L *
+        ceil(n / (L * world))``, rank r's shard is elements ``[min(n, r *
+        shard), min(n, (r + 1) * shard))``.  Shard lengths alone do not tell n,
+        so pass ``out`` (n elements of x's dtype, any shape) or ``n`` (a new
+        1-D ``out``).  ``x`` may be this rank's shard of ``out`` itself (in
+        place); no other overlap.  Inputs are staged, registered or captured
+        like ``allreduce``'s; a registered or captured input is read in place
+        only when every shard has the same length (n a multiple of
+        L * world), else staged.
+        """
+        replayed = self._replay_shards("all_gather", x, out, (n,), stream)
+        if replayed is not None:
+            return replayed
+        given = x, out
+        self._check_usable()
+        x, out, registered = self._prepared(
+            "all_gather", "all_gather (elements, dtype, registered input)",
+            lambda x, out, registered: (out.size, str(x.dtype), registered is not None),
+            self._prepare_all_gather, x, out, stream, n)
+        if out.size == 0:
+            return out
+        return self._queue_planned("all_gather", given, (n,), stream, x, out,
+                                   lambda: self._all_gather_steps(x, out, registered))
+
+    def _prepare_all_gather(self, x, out, stream, n):
+        """The call's arrays and input table (None: staged)."""
+        x = self._device_array(x, "x")
+        itemsize = x.dtype.itemsize
+        if n is None:
+            if out is None:
+                raise TypeError("all_gather needs out= or n= (the whole array's element "
+                                "count), which the shard lengths do not tell")
+            out = self._device_array(out, "out")
+            n = out.size
+        elif isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        n = int(n)
+        start, end = shards.bounds(n, self.world, itemsize, self.rank)
+        if x.size != end - start:
+            raise ValueError(
+                f"x has {x.size} elements; rank {self.rank}'s shard of {n} elements on "
+                f"{self.world} ranks has {end - start} (elements {start}..{end}: shards of "
+                f"{shards.shard_size(n, self.world, itemsize)} in rank order, the last "
+                "shorter or empty)")
+        out = self._checked_output(out, (n,), (x.dtype,), stream, any_shape=True)
+        if x.size and out.ptr + start * itemsize != x.ptr and _overlap(out, x):
+            raise ValueError(f"out overlaps the input x; pass a separate array or, in "
+                             f"place, x at this rank's shard of out ({start * itemsize} "
+                             "bytes in)")
+        shard = shards.shard_size(n, self.world, itemsize)
+        if self.world == 1 or n == 0 or n != self.world * shard:
+            return x, out, None  # uneven shards: their buffers differ in size, so staged
+        return x, out, self._input_table(x, stream)
+
+    def _all_gather_steps(self, x, out, registered):
+        """The copies and launches of one all_gather, a run of every shard per
+        launch.  Staged: this rank's run goes to scratch element 0."""
+        n, itemsize, world = out.size, x.dtype.itemsize, self.world
+        shard = shards.shard_size(n, world, itemsize)
+        function = self._shard_function("all_gather", x.dtype, x.dtype)
+        signature = layout.signature("all_gather", n, x.dtype, registered is not None)
+        most = shards.chunk_elements(self.max_size // itemsize, itemsize)
+        scratch = self._buffer.ptr + self._scratch_offset
+        for first, count in shards.chunks(n, world, itemsize, most):
+            if registered is not None:
+                table, in_offset = registered, first
+            else:
+                table, in_offset = self._staged_table.ptr, 0
+                run = shards.run_length(n, world, itemsize, self.rank, first, count)
+                if run:
+                    yield ("copy", scratch, x.ptr + first * itemsize, run * itemsize)
+            yield ("kernel", function, self._shard_blocks(count, itemsize),
+                   self._layout.threads,
+                   (table, in_offset, 0, out.ptr, self._state.ptr, n, shard, first, count,
+                    self._timeout_ns, signature),
+                   "all_gather", f"({n} x {x.dtype}, shard elements {first}..{first + count})")
+
+    def _shard_blocks(self, count, itemsize):
+        """Blocks of a reduce_scatter/all_gather launch covering ``count``
+        elements of each shard: a thread per pack, within the cap."""
+        packs = -(-count // shards.lanes(itemsize))
+        return min(self._max_shard_blocks, max(1, -(-packs // self._layout.threads)))
+
+    def _queue_planned(self, kind, given, rest, stream, x, out, plan):
+        """Queue a checked call's steps, ``plan()`` (a world of one copies
+        ``x`` into ``out`` instead), and remember them for its signature
+        (``given``: its x and out as passed); returns ``out``."""
+        if self.world == 1:
+            steps = [("copy", out.ptr, x.ptr, x.nbytes)] if out.ptr != x.ptr else []
+        else:
+            self._check_kernel_failure()
+            steps = list(plan())
+        for step in steps:
+            self._run_step(step, stream)
+        fresh = None if given[1] is not None else (
+            out.shape, out.dtype, out.nbytes, (out.ptr, out.ptr + out.nbytes))
+        self._remember(kind, given, rest, stream, steps, fresh, out.dtype)
+        return out
 
     # --- fused all-reduce + RMSNorm ---------------------------------------------
 
@@ -625,25 +854,18 @@ class Communicator(_eager.EagerCalls):
         if replayed is not None:
             return rmsnorm.FusedOutputs._make(replayed)
         self._check_usable()
-        if self.debug and self.world > 1:
-            with self._node.step("allreduce_rmsnorm (PYAR_DEBUG check)"):
-                call, algo, registered = exchange.run_everywhere(
-                    self._node, self._prepare_rmsnorm, x, residual, weight, eps, out,
-                    residual_out, stream, quant, group_size, fp8_dtype, quantized, scales, algo)
-                exchange.check_agreement(
-                    self._node, "the allreduce_rmsnorm (tokens, hidden, dtype, quantization, "
-                    "algorithm, registered input)",
-                    (*call.agreement_key(), algo, registered is not None))
-        else:
-            call, algo, registered = self._prepare_rmsnorm(
-                x, residual, weight, eps, out, residual_out, stream, quant, group_size,
-                fp8_dtype, quantized, scales, algo)
+        call, algo, registered = self._prepared(
+            "allreduce_rmsnorm", "allreduce_rmsnorm (tokens, hidden, dtype, quantization, "
+            "algorithm, registered input)",
+            lambda call, algo, registered: (*call.agreement_key(), algo, registered is not None),
+            self._prepare_rmsnorm, x, residual, weight, eps, out, residual_out, stream, quant,
+            group_size, fp8_dtype, quantized, scales, algo)
         if call.tokens == 0:
             return call.outputs()
         if self.world == 1:
             self._row_kernels.add_rmsnorm(call, stream, self._local_blocks())
             return call.outputs()
-        self._check_timeout()
+        self._check_kernel_failure()
         steps = self._launch_rmsnorm(call, algo, registered, stream)
         outputs = call.outputs()
         if steps is None:  # unfused: its all-reduce replays a plan of its own
@@ -708,14 +930,16 @@ class Communicator(_eager.EagerCalls):
             function, geometry = self._fused_launch(algo, dtype, count, call.hidden,
                                                     call.quant_code)
             details = f"({algo}, {count} x {call.hidden} {dtype})"
+            signature = layout.signature(algo, count * call.hidden, dtype,
+                                         registered is not None, call.quant_code & 0xF)
             if algo != algorithms.SPLIT:
                 yield ("kernel", function, geometry.blocks, geometry.threads,
                        (table, in_offset, count, *call.row_args(first, count), self._state.ptr,
-                        self._timeout_ns), "allreduce_rmsnorm", details)
+                        self._timeout_ns, signature), "allreduce_rmsnorm", details)
                 continue
             yield ("kernel", function, geometry.blocks, geometry.threads,
-                   (table, in_offset, count, call.hidden, self._state.ptr, self._timeout_ns),
-                   "allreduce_rmsnorm", details)
+                   (table, in_offset, count, call.hidden, self._state.ptr, self._timeout_ns,
+                    signature), "allreduce_rmsnorm", details)
             yield ("local", *self._row_kernels.add_rmsnorm_launch(
                 call, self._buffer.ptr + self._partial_offset, first, count,
                 self._local_blocks()))
@@ -825,6 +1049,16 @@ class Communicator(_eager.EagerCalls):
     def __repr__(self):
         state = "closed" if self._closed else f"device {self.device}"
         return f"<pyar.Communicator rank {self.rank} of {self.world}, {state}>"
+
+
+def _reduce_scatter_outputs(dtype):
+    """reduce_scatter's output dtypes for input ``dtype``: its own, and
+    float32 (unrounded sums) for a 16-bit one."""
+    return (dtype,) if dtype == _FLOAT32 else (dtype, _FLOAT32)
+
+
+def _overlap(a, b):
+    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
 class _CollectiveCapture(_hip.capture):

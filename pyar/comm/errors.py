@@ -32,7 +32,14 @@ class CollectiveTimeout(RuntimeError):
 
 
 class MismatchError(ValueError):
-    """Ranks passed disagreeing arguments to one collective (PYAR_DEBUG=1 checks)."""
+    """Ranks passed disagreeing arguments to one collective.
+
+    Raised on every rank before any launch when PYAR_DEBUG=1 checks the
+    arguments across ranks; without it, by the kernels' start barrier, which
+    compares every rank's call signature (operation, elements, dtype, staged
+    or registered input, quantization) and touches no peer's data when they
+    differ.  The second kind fails the communicator like a CollectiveTimeout.
+    """
 
 
 class PeerAccessError(RuntimeError):

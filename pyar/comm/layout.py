@@ -1,10 +1,17 @@
 """The byte layout shared with src/kernels/allreduce.cu.
 
 The kernels export their sizes (``pyar_allreduce_layout``); the host packs
-the CommState and InputTable structs they read from device memory."""
+the CommState and InputTable structs they read from device memory, and the
+call signature every spinning kernel compares across ranks at its start
+barrier."""
+import collections
 import struct
 
+import ml_dtypes
+import numpy as np
+
 from pyar import _hip
+from pyar.comm.rmsnorm import KERNEL_KINDS
 
 _LAYOUT_FIELDS = ("signal_bytes", "max_blocks", "max_ranks", "state_bytes", "threads")
 _STATE = struct.Struct("<8Q8QQII")
@@ -40,3 +47,68 @@ def pack_table(pointers):
 
 TABLE_BYTES = _TABLE.size
 
+
+
+# --- the call signature (src/kernels/pyar_protocol.h compares it) -----------------
+# bits 0-39 elements, 40-47 operation, 48-51 dtype, 52 registered input,
+# 53-56 quantization (fused: the QuantKind code & 0xF; reduce_scatter: 1 for a
+# float32 output from a 16-bit input), 57-63 zero.
+OPERATIONS = {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4, "split": 5,
+              "reduce_scatter": 6, "all_gather": 7}
+SIGNATURE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2,
+                    np.dtype(ml_dtypes.bfloat16): 3}
+_ELEMENT_BITS = 40
+_QUANT_BITS = 4
+_COLLECTIVE = {"oneshot": "allreduce", "twoshot": "allreduce", "onestage": "allreduce_rmsnorm",
+               "twostage": "allreduce_rmsnorm", "split": "allreduce_rmsnorm"}
+
+Signature = collections.namedtuple("Signature", "operation elements dtype registered quantization")
+Signature.__doc__ = """A decoded call signature; ``operation`` and ``dtype`` are None
+for codes pyar does not know."""
+
+
+def signature(operation, elements, dtype, registered, quantization=0):
+    """The 64-bit signature of one launch: ``operation`` a key of OPERATIONS,
+    ``elements`` the launch's element count (all-reduce: the chunk's; fused:
+    tokens * hidden of the chunk; reduce_scatter/all_gather: the whole
+    array's), ``registered`` whether peers read the input in place."""
+    if not 0 <= elements < 1 << _ELEMENT_BITS:
+        raise ValueError(f"{elements} elements do not fit the signature's "
+                         f"{_ELEMENT_BITS} bits")
+    if not 0 <= quantization < 1 << _QUANT_BITS:
+        raise ValueError(f"quantization code {quantization} does not fit "
+                         f"{_QUANT_BITS} bits")
+    return (elements | OPERATIONS[operation] << 40 | SIGNATURE_DTYPES[np.dtype(dtype)] << 48
+            | int(bool(registered)) << 52 | quantization << 53)
+
+
+def decode_signature(value):
+    """The Signature fields of a 64-bit ``value``."""
+    operation = next((name for name, code in OPERATIONS.items()
+                      if code == value >> 40 & 0xFF), None)
+    dtype = next((d for d, code in SIGNATURE_DTYPES.items() if code == value >> 48 & 0xF), None)
+    return Signature(operation, value & (1 << _ELEMENT_BITS) - 1, dtype,
+                     bool(value >> 52 & 1), value >> 53 & (1 << _QUANT_BITS) - 1)
+
+
+def describe_signature(value):
+    """One rank's call in words, e.g. "allreduce twoshot 4096 x bfloat16 staged"."""
+    if value == 0:
+        return "no signature seen (it did not arrive)"
+    s = decode_signature(value)
+    if s.operation is None or s.dtype is None or value >> 57:
+        return f"an unknown call (signature {value:#018x})"
+    mode = "registered" if s.registered else "staged"
+    what = f"{s.elements} x {s.dtype.name} {mode}"
+    if s.operation == "reduce_scatter":
+        out = "float32" if s.quantization else s.dtype.name
+        return f"reduce_scatter {what}, {out} output"
+    if s.operation == "all_gather":
+        return f"all_gather {what}"
+    text = f"{_COLLECTIVE[s.operation]} {s.operation} {what}"
+    if _COLLECTIVE[s.operation] == "allreduce":
+        return text
+    if not s.quantization:
+        return f"{text}, no quantization"
+    kind = KERNEL_KINDS.get(s.quantization, f"kind {s.quantization}")
+    return f"{text}, {kind} quantization"

@@ -191,3 +191,51 @@ def start_epochs_at(comm, epoch):
     _hip.memcpy_htod(comm._buffer.ptr, np.full(words, epoch, np.uint32))
     _hip.device_synchronize()
     comm._node.Barrier()
+
+
+def disturbed_calls(comm, kernels, streams, level, local, count, call, tolerate_timeout=False):
+    """Queue ``call(k)`` for k < ``count`` on ``streams[0]`` with no host sync in
+    between, each after a spin of up to ``level.delay_us`` with probability
+    ``level.delay_p`` (a slow rank) and with spin kernels on ``streams[1]`` over
+    the multiprocessors with probability ``level.noise_p`` (a disturbed one),
+    drawn from ``local``; then wait for them.  Returns whether one timed out:
+    with ``tolerate_timeout`` a CollectiveTimeout is printed and reported so,
+    else raised.  ``level``: tests/mpi/allreduce_adversarial.py's Level."""
+    import pyar
+    stream, noise_stream = streams
+    sms = pyar.Device(comm.device).multiprocessor_count
+    for k in range(count):
+        if local.random() < level.noise_p:
+            noise_stream.wait(stream)  # the noise starts with this call
+            kernels.spin(local.uniform(0, level.noise_us), noise_stream,
+                         blocks=sms * level.noise_per_sm)
+        if local.random() < level.delay_p:
+            kernels.spin(local.uniform(0, level.delay_us), stream)
+        call(k)
+    try:
+        comm.synchronize(stream)
+    except pyar.CollectiveTimeout as exc:
+        if not tolerate_timeout:
+            raise
+        noise_stream.synchronize()
+        print(f"[rank {comm.rank}] {exc}", flush=True)
+        return True
+    noise_stream.synchronize()
+    return False
+
+
+def count_wrong(sc, outs, expected, chosen, stream, label, shown, most=5):
+    """How many of ``outs[k]`` differ bitwise from ``expected[chosen[k]]`` (raw
+    bits); the first differences are printed, ``most`` in all counting the
+    ``shown`` before.  Returns (wrong, shown)."""
+    wrong = 0
+    for k, out in enumerate(outs):
+        got = out.get(stream=stream)
+        want = expected[chosen[k]]
+        if not np.array_equal(bits(got), want):
+            wrong += 1
+            if shown < most:
+                shown += 1
+                sc.log(f"{label} call {k} of a round: "
+                       f"{describe_difference(got, want.view(got.dtype))}")
+    return wrong, shown
