@@ -71,6 +71,8 @@ class HierarchicalCommunicator:
             split.free()
             raise ValueError("one IPC domain holds every rank: pyar.Communicator runs its "
                              "collectives directly, without a hierarchical step")
+        if device is None:  # the node's GPUs in turn, as on one node (not the domain's rank)
+            device = split.node_rank % _hip.get_device_count()
         try:
             made = []  # domains fail or succeed whole: closing what was made is collective
             try:

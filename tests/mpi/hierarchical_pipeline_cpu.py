@@ -100,6 +100,10 @@ class FakeHip:
     def set_device(device):
         pass
 
+    @staticmethod
+    def get_device_count():
+        return 8
+
 
 class FakeMemory:
     def __init__(self, size):
@@ -130,6 +134,7 @@ class FakeLocal:
         self.comm = domain.Dup()
         self.rank, self.world = domain.Get_rank(), domain.Get_size()
         assert node_size == self.world
+        assert device == MPI.COMM_WORLD.Get_rank(), "not the node's GPUs in turn"
         self.device, self.max_size, self.timeout = 0, max_size, timeout
 
     def _device_array(self, x, what):
