@@ -31,6 +31,7 @@ from pyar import _hip, diagnostics
 from pyar.array import DeviceArray, empty
 from pyar.comm import exchange, rail, rmsnorm
 from pyar.comm.communicator import DEFAULT_MAX_SIZE, Communicator, resolve_timeout
+from pyar.comm.bounded import BoundedComm
 from pyar.comm.errors import CollectiveTimeout
 from pyar.comm.resources import Resources
 
@@ -98,6 +99,10 @@ class HierarchicalCommunicator:
         self.timeout = self.local.timeout
         self.max_size = self.local.max_size
         self._rail = rail.Rail(split.rail, 2 * timeout, rail_ranks, self.rank, rail_method)
+        self.debug = self.local.debug
+        # PYAR_DEBUG's agreement check across the domains (the domain's
+        # communicator checks its own calls).
+        self._everyone = BoundedComm(mpi_comm.Dup(), 2 * timeout) if self.debug else None
         self.gpu_aware_mpi = diagnostics.mpi_gpu_aware()
         self._failure = None
         self._calls = 0
@@ -202,6 +207,10 @@ class HierarchicalCommunicator:
             raise CaptureError(self._capture_message())
         x = self.local._device_array(x, "x")
         out = self.local._output(x, out, stream)
+        if self._everyone is not None:
+            with self._everyone.step("allreduce (PYAR_DEBUG check)"):
+                exchange.check_agreement(self._everyone, "the all-reduce (elements, dtype)",
+                                         (x.size, str(x.dtype)))
         if x.size == 0:
             return out
         self._calls += 1
@@ -303,6 +312,8 @@ class HierarchicalCommunicator:
                 self._resources.release()
             # else kept: an abandoned MPI request may still use the pinned buffers
             self._rail.free()
+            if self._everyone is not None:
+                self._everyone.Free()
 
     def __enter__(self):
         return self

@@ -18,7 +18,8 @@ place, both rail methods:
 - "reduce_scatter": within one rounding of the float64 sum;
 - every rank's result bitwise identical;
 - a call on a capturing stream raises CaptureError; algo other than "auto"
-  raises ValueError;
+  raises ValueError; with debug=True, different sizes on different domains
+  raise MismatchError on every rank;
 - the last domain skips a call: every other rank raises CollectiveTimeout
   naming the inter-node step within its wait, and again on the next call.
 
@@ -136,6 +137,7 @@ class FakeLocal:
         assert node_size == self.world
         assert device == MPI.COMM_WORLD.Get_rank(), "not the node's GPUs in turn"
         self.device, self.max_size, self.timeout = 0, max_size, timeout
+        self.debug = bool(debug)
 
     def _device_array(self, x, what):
         return x
@@ -228,6 +230,22 @@ def check_errors(sc, comm, shape):
                      f"{shape}: algo='oneshot'", contains=("'auto'",))
 
 
+def check_debug(sc, k):
+    """debug=True: ranks on different domains passing different sizes raise
+    MismatchError on every rank before anything moves; agreeing calls work."""
+    comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=30.0, node_size=k,
+                                                 debug=True)
+    last = sc.world - 1
+    x = device_array(np.ones(100 + (sc.rank == last), np.float32))
+    sc.expect_raises(pyar.MismatchError, lambda: comm.allreduce(x), "sizes differ (debug)",
+                     contains=("100", "101", f"ranks [{last}]"))
+    x = device_array(np.ones(100, np.float32))
+    y = comm.allreduce(x)
+    sc.check(np.array_equal(host_view(y.ptr, 100, np.dtype(np.float32)),
+                            np.full(100, sc.world, np.float32)), "debug: wrong sum")
+    comm.close()
+
+
 def check_timeout(sc, k):
     comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=TIMEOUT, node_size=k)
     x = device_array(np.ones(100, np.float32))
@@ -265,6 +283,7 @@ def main(sc):
         calls += check_sums(sc, comm, shape)
         check_errors(sc, comm, shape)
         comm.close()
+    check_debug(sc, sizes[-1])
     check_timeout(sc, sizes[-1])
     sc.report(test="hierarchical-pipeline", shapes=len(sizes), calls=calls)
 
