@@ -26,6 +26,7 @@ all-gathers when it returns).
 import weakref
 
 import numpy as np
+from mpi4py import MPI
 
 from pyar import _hip, diagnostics
 from pyar.array import DeviceArray, empty
@@ -72,14 +73,13 @@ class HierarchicalCommunicator:
             split.free()
             raise ValueError("one IPC domain holds every rank: pyar.Communicator runs its "
                              "collectives directly, without a hierarchical step")
-        if device is None:  # the node's GPUs in turn, as on one node (not the domain's rank)
-            device = split.node_rank % _hip.get_device_count()
         try:
+            device, sharers = _device_and_sharers(mpi_comm, device, split.node_rank)
             made = []  # domains fail or succeed whole: closing what was made is collective
             try:
                 exchange.run_everywhere(mpi_comm, lambda: made.append(Communicator(
-                    split.domain, device, max_size, timeout,
-                    node_size=split.domain.Get_size(), kernels=kernels, debug=debug)))
+                    split.domain, device, max_size, timeout, node_size=split.domain.Get_size(),
+                    kernels=kernels, debug=debug, gpu_sharers=sharers)))
             except BaseException:
                 for local in made:
                     local.close()
@@ -325,6 +325,23 @@ class HierarchicalCommunicator:
         shape = f"{self.domains} domains of {self.local.world}"
         where = "closed" if self._closed else f"device {self.device}"
         return f"<pyar.HierarchicalCommunicator rank {self.rank} of {self.world}, {shape}, {where}>"
+
+
+def _device_and_sharers(mpi_comm, device, node_rank):
+    """This rank's GPU (default: the node's GPUs in turn by node rank, as on
+    one node, not by domain rank) and how many ranks of the node use it: the
+    domains' kernels spin side by side on a shared GPU, so each domain must
+    leave room for the others' (Communicator._block_cap)."""
+    def bus_id():
+        chosen = node_rank % _hip.get_device_count() if device is None else device
+        return chosen, _hip.Device(chosen).pci_bus_id
+
+    device, mine = exchange.run_everywhere(mpi_comm, bus_id)
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    try:
+        return device, node.allgather(mine).count(mine)
+    finally:
+        node.Free()
 
 
 def _view(ptr, count, dtype, owner):

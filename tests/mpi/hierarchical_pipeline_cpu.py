@@ -77,9 +77,15 @@ class FakeEvent:
         pass
 
 
+class FakeDevice:
+    def __init__(self, ordinal):
+        self.pci_bus_id = "0000:00:00.0"  # one GPU for every rank
+
+
 class FakeHip:
     Stream = FakeStream
     Event = FakeEvent
+    Device = FakeDevice
 
     @staticmethod
     def as_stream(stream):
@@ -131,11 +137,13 @@ class FakeLocal:
     """The domain's communicator: reduce_scatter / all_gather by the shard
     rule over MPI on the domain, float32 sums in rank order."""
 
-    def __init__(self, domain, device, max_size, timeout, *, node_size, kernels, debug):
+    def __init__(self, domain, device, max_size, timeout, *, node_size, kernels, debug,
+                 gpu_sharers):
         self.comm = domain.Dup()
         self.rank, self.world = domain.Get_rank(), domain.Get_size()
         assert node_size == self.world
         assert device == MPI.COMM_WORLD.Get_rank(), "not the node's GPUs in turn"
+        assert gpu_sharers == MPI.COMM_WORLD.Get_size(), "not every rank on the GPU counted"
         self.device, self.max_size, self.timeout = 0, max_size, timeout
         self.debug = bool(debug)
 
