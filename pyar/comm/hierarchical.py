@@ -59,9 +59,12 @@ class HierarchicalCommunicator:
     ``world`` are the caller's communicator's; ``local`` is the one-node
     Communicator of this rank's domain, ``domains`` their number and
     ``domain`` this rank's.  ``rail_method`` picks the inter-node sum
-    (pyar.comm.rail).  ``timeout`` bounds every wait: the kernels', and each
-    inter-node step's at twice it (a peer may arrive up to one timeout late,
-    after its own kernel's wait; pyar/comm/bounded.py)."""
+    (pyar.comm.rail).  ``timeout`` bounds every wait for peers: the
+    kernels' and each inter-node step's alike (a rank whose kernel gave up
+    raises instead of coming to the inter-node step, so a peer that is
+    missing there longer than a kernel would wait for it has failed); the
+    host-side steps (construction, close, PYAR_DEBUG's check) wait twice it
+    (pyar/comm/bounded.py says why)."""
 
     def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
                  node_size=None, kernels=None, debug=None, rail_method="auto"):
@@ -98,7 +101,7 @@ class HierarchicalCommunicator:
         self.device = self.local.device
         self.timeout = self.local.timeout
         self.max_size = self.local.max_size
-        self._rail = rail.Rail(split.rail, 2 * timeout, rail_ranks, self.rank, rail_method)
+        self._rail = rail.Rail(split.rail, timeout, rail_ranks, self.rank, rail_method)
         self.debug = self.local.debug
         # PYAR_DEBUG's agreement check across the domains (the domain's
         # communicator checks its own calls).
