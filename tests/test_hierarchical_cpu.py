@@ -81,3 +81,15 @@ def test_uneven_message_names_every_size():
 def test_domains_and_rails_under_mpirun(nranks, mode):
     _, rows = run_scenario("hierarchical_cpu", nranks, mode, timeout=240)
     assert rows and all(r["world"] == nranks for r in rows), rows
+
+
+@needs_mpirun
+@pytest.mark.parametrize("nranks", [6, 8])  # shapes 6x1, 3x2, 2x3; 8x1, 4x2, 2x4
+def test_hierarchical_pipeline_with_host_stand_ins(nranks):
+    """HierarchicalCommunicator itself with host memory for device memory
+    and a stand-in for the domain's communicator (tests/mpi/
+    hierarchical_pipeline_cpu.py): every node shape of the world, many
+    pieces per call, exact bits in the documented order, identical on every
+    rank, in place, capture refused, a skipped domain timing out."""
+    _, rows = run_scenario("hierarchical_pipeline_cpu", nranks, timeout=300)
+    assert len(rows) == 1 and rows[0]["calls"] > 0, rows

@@ -81,9 +81,12 @@ class Communicator(_eager.EagerCalls):
     pyar.comm.hierarchical.HierarchicalCommunicator.  ``kernels``
     names a directory of code objects built from src/kernels (allreduce,
     allreduce_rmsnorm and shards, named like the shipped ones) to use instead
-    of them.  ``debug`` (default ``PYAR_DEBUG``) checks before each call that
-    all ranks passed the same arguments; without it the kernels still compare
-    every rank's call at their start barrier and raise MismatchError.
+    of them.  ``gpu_sharers``: how many ranks use this rank's GPU when they
+    are more than this communicator's (HierarchicalCommunicator's domains of
+    one node: their spinning kernels share the GPU's slots; _block_cap).
+    ``debug`` (default ``PYAR_DEBUG``) checks before each call that all ranks
+    passed the same arguments; without it the kernels still compare every
+    rank's call at their start barrier and raise MismatchError.
 
     Calls on one communicator must be ordered with respect to each other
     (one stream, or streams the caller synchronizes), like NCCL's.
@@ -109,7 +112,7 @@ class Communicator(_eager.EagerCalls):
         return super().__new__(cls)
 
     def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
-                 node_size=None, kernels=None, debug=None):
+                 node_size=None, kernels=None, debug=None, gpu_sharers=None):
         if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size <= 0:
             raise ValueError(f"max_size must be a positive int (bytes), got {max_size!r}")
         timeout = resolve_timeout(timeout)
@@ -132,6 +135,7 @@ class Communicator(_eager.EagerCalls):
         self._kernel_dir = kernels
         self._row_kernels = None
         self._unfused_sums = None  # the unfused path's sum array when there is no out
+        self._gpu_sharers = gpu_sharers
         try:
             if self.world > MAX_WORLD:
                 raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one "
@@ -174,7 +178,7 @@ class Communicator(_eager.EagerCalls):
         handles = node.allgather(exported)
         exchange.run_everywhere(node, self._map_peers, handles, bus_ids)
         self._registry = exchange.run_everywhere(node, BufferRegistry, node, self._resources)
-        sharing = topology.ranks_sharing(bus_ids, self.rank)
+        sharing = self._gpu_sharers or topology.ranks_sharing(bus_ids, self.rank)
         self._max_blocks = exchange.agree_min(node, exchange.run_everywhere(
             node, self._block_cap, sharing, self._allreduce_functions()))
         self._max_shard_blocks = exchange.agree_min(node, exchange.run_everywhere(

@@ -39,12 +39,14 @@ def ranks_per_domain(node_size, node_ranks):
 
 class Split(NamedTuple):
     """This rank's IPC domain (ranks in the caller's order) and its rail
-    (None when one domain holds every rank); ``domains`` is their number and
-    ``domain_index`` this rank's domain among them (the rail rank)."""
+    (None when one domain holds every rank); ``domains`` is their number,
+    ``domain_index`` this rank's domain among them (the rail rank) and
+    ``node_rank`` this rank's rank on its node (which picks its GPU)."""
     domain: MPI.Intracomm
     rail: Optional[MPI.Intracomm]
     domains: int
     domain_index: int
+    node_rank: int
 
     def free(self):
         self.domain.Free()
@@ -84,9 +86,9 @@ def split(comm, node_size=None):
         raise ValueError(_uneven_message(facts, sizes))
     index = domain_ids.index((node_first, group))
     if len(domain_ids) == 1:
-        return Split(domain, None, 1, 0)
+        return Split(domain, None, 1, 0, node_rank)
     rail = comm.Split(domain.Get_rank(), key=index)
-    return Split(domain, rail, len(domain_ids), index)
+    return Split(domain, rail, len(domain_ids), index, node_rank)
 
 
 def _uneven_message(facts, sizes):

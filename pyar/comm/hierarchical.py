@@ -26,11 +26,13 @@ all-gathers when it returns).
 import weakref
 
 import numpy as np
+from mpi4py import MPI
 
 from pyar import _hip, diagnostics
 from pyar.array import DeviceArray, empty
 from pyar.comm import exchange, rail, rmsnorm
 from pyar.comm.communicator import DEFAULT_MAX_SIZE, Communicator, resolve_timeout
+from pyar.comm.bounded import BoundedComm
 from pyar.comm.errors import CollectiveTimeout
 from pyar.comm.resources import Resources
 
@@ -57,9 +59,12 @@ class HierarchicalCommunicator:
     ``world`` are the caller's communicator's; ``local`` is the one-node
     Communicator of this rank's domain, ``domains`` their number and
     ``domain`` this rank's.  ``rail_method`` picks the inter-node sum
-    (pyar.comm.rail).  ``timeout`` bounds every wait: the kernels', and each
-    inter-node step's at twice it (a peer may arrive up to one timeout late,
-    after its own kernel's wait; pyar/comm/bounded.py)."""
+    (pyar.comm.rail).  ``timeout`` bounds every wait for peers: the
+    kernels' and each inter-node step's alike (a rank whose kernel gave up
+    raises instead of coming to the inter-node step, so a peer that is
+    missing there longer than a kernel would wait for it has failed); the
+    host-side steps (construction, close, PYAR_DEBUG's check) wait twice it
+    (pyar/comm/bounded.py says why)."""
 
     def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
                  node_size=None, kernels=None, debug=None, rail_method="auto"):
@@ -72,11 +77,12 @@ class HierarchicalCommunicator:
             raise ValueError("one IPC domain holds every rank: pyar.Communicator runs its "
                              "collectives directly, without a hierarchical step")
         try:
+            device, sharers = _device_and_sharers(mpi_comm, device, split.node_rank)
             made = []  # domains fail or succeed whole: closing what was made is collective
             try:
                 exchange.run_everywhere(mpi_comm, lambda: made.append(Communicator(
-                    split.domain, device, max_size, timeout,
-                    node_size=split.domain.Get_size(), kernels=kernels, debug=debug)))
+                    split.domain, device, max_size, timeout, node_size=split.domain.Get_size(),
+                    kernels=kernels, debug=debug, gpu_sharers=sharers)))
             except BaseException:
                 for local in made:
                     local.close()
@@ -95,7 +101,11 @@ class HierarchicalCommunicator:
         self.device = self.local.device
         self.timeout = self.local.timeout
         self.max_size = self.local.max_size
-        self._rail = rail.Rail(split.rail, 2 * timeout, rail_ranks, self.rank, rail_method)
+        self._rail = rail.Rail(split.rail, timeout, rail_ranks, self.rank, rail_method)
+        self.debug = self.local.debug
+        # PYAR_DEBUG's agreement check across the domains (the domain's
+        # communicator checks its own calls).
+        self._everyone = BoundedComm(mpi_comm.Dup(), 2 * timeout) if self.debug else None
         self.gpu_aware_mpi = diagnostics.mpi_gpu_aware()
         self._failure = None
         self._calls = 0
@@ -200,6 +210,10 @@ class HierarchicalCommunicator:
             raise CaptureError(self._capture_message())
         x = self.local._device_array(x, "x")
         out = self.local._output(x, out, stream)
+        if self._everyone is not None:
+            with self._everyone.step("allreduce (PYAR_DEBUG check)"):
+                exchange.check_agreement(self._everyone, "the all-reduce (elements, dtype)",
+                                         (x.size, str(x.dtype)))
         if x.size == 0:
             return out
         self._calls += 1
@@ -301,6 +315,8 @@ class HierarchicalCommunicator:
                 self._resources.release()
             # else kept: an abandoned MPI request may still use the pinned buffers
             self._rail.free()
+            if self._everyone is not None:
+                self._everyone.Free()
 
     def __enter__(self):
         return self
@@ -312,6 +328,23 @@ class HierarchicalCommunicator:
         shape = f"{self.domains} domains of {self.local.world}"
         where = "closed" if self._closed else f"device {self.device}"
         return f"<pyar.HierarchicalCommunicator rank {self.rank} of {self.world}, {shape}, {where}>"
+
+
+def _device_and_sharers(mpi_comm, device, node_rank):
+    """This rank's GPU (default: the node's GPUs in turn by node rank, as on
+    one node, not by domain rank) and how many ranks of the node use it: the
+    domains' kernels spin side by side on a shared GPU, so each domain must
+    leave room for the others' (Communicator._block_cap)."""
+    def bus_id():
+        chosen = node_rank % _hip.get_device_count() if device is None else device
+        return chosen, _hip.Device(chosen).pci_bus_id
+
+    device, mine = exchange.run_everywhere(mpi_comm, bus_id)
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    try:
+        return device, node.allgather(mine).count(mine)
+    finally:
+        node.Free()
 
 
 def _view(ptr, count, dtype, owner):

@@ -26,8 +26,13 @@ from mpi4py import MPI
 from pyar.comm.errors import CollectiveTimeout
 
 METHODS = ("auto", "allgather", "reduce_scatter")
-_SPIN = 2e-4          # seconds of busy testing before a pending step starts to sleep
-_LONGEST_PAUSE = 1e-3  # seconds between tests after that
+# MPI progresses a non-blocking collective only inside calls like Test (Open
+# MPI has no progress thread by default): a rank that sleeps between tests
+# stalls every step of the algorithm.  So a step is tested without pause for
+# its first second, the whole of any step that is not waiting for a late peer.
+_SPIN = 1.0            # seconds of busy testing before a pending step starts to sleep
+_FIRST_PAUSE = 1e-4    # then sleeps this long between tests, doubling
+_LONGEST_PAUSE = 1e-3  # up to this
 _ABANDONED: list = []  # requests (with their buffers) and rails a timeout left behind
 
 
@@ -95,7 +100,7 @@ class Rail:
     def _complete(self, request, buffer, what):
         deadline = time.monotonic() + self.wait
         spin_until = time.monotonic() + _SPIN
-        pause = _SPIN / 4
+        pause = _FIRST_PAUSE
         while not request.Test():
             now = time.monotonic()
             if now >= deadline:

@@ -30,9 +30,9 @@ def test_random_sums_across_simulated_nodes(world):
 @pytest.mark.parametrize("world, node_size", [(4, 2), (6, 3)])
 def test_a_rank_on_another_node_that_never_calls(world, node_size):
     """The last rank skips a call: every other rank raises CollectiveTimeout
-    within twice the timeout (plus slack), its own node's from the kernel,
+    within the timeout (plus slack), its own node's from the kernel,
     the other nodes' from the inter-node step."""
     row = rows_of(scenario("hierarchical", world, "timeout", node_size, timeout=180),
                   "hierarchical-timeout")[0]
     assert row["raised"] == row["expected"] == world - 1, row
-    assert row["elapsed"] < 2 * row["timeout"] + 10, row
+    assert row["elapsed"] < row["timeout"] + 10, row

@@ -49,6 +49,7 @@ def check_split(sc, split, k, how):
     sc.check(split.domain.Get_rank() == rank % k, f"{how}: domain rank {split.domain.Get_rank()}")
     sc.check(split.domains == world // k and split.domain_index == rank // k,
              f"{how}: {split.domains} domains, index {split.domain_index}")
+    sc.check(split.node_rank == rank, f"{how}: node rank {split.node_rank} (one node)")
     if k == world:
         sc.check(split.rail is None, f"{how}: one domain, yet a rail")
         return
