@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("mpi4py")
 
-from pyar.comm import domains, hierarchical, rail  # noqa: E402
+from pyar.comm import domains, hierarchical, rail, shards  # noqa: E402
 from tests.mpi_launch import run_scenario  # noqa: E402
 
 needs_mpirun = pytest.mark.skipif(
@@ -24,7 +24,7 @@ needs_mpirun = pytest.mark.skipif(
 @pytest.mark.parametrize("n", [1, 7, 8, 31, 4096, 4099, 1_000_003])
 def test_shards_tile_the_piece_in_rank_order(n, world, itemsize):
     lanes = 16 // itemsize
-    bounds = [hierarchical.shard_bounds(n, itemsize, world, r) for r in range(world)]
+    bounds = [shards.bounds(n, world, itemsize, r) for r in range(world)]
     assert bounds[0][0] == 0 and bounds[-1][1] == n
     for (_, end), (start, _) in zip(bounds, bounds[1:]):
         assert end == start
@@ -42,7 +42,7 @@ def test_full_pieces_give_every_rank_a_whole_buffer():
     shard = hierarchical.PIECE_SHARD_ELEMENTS
     for itemsize in (2, 4):
         for world in range(1, 9):
-            assert hierarchical.shard_bounds(world * shard, itemsize, world, world - 1) == \
+            assert shards.bounds(world * shard, world, itemsize, world - 1) == \
                 ((world - 1) * shard, world * shard)
 
 

@@ -18,7 +18,7 @@ from pyar import _hip
 from pyar.bench import exact, measure, report
 from pyar.bench.host_mpi import HostRoundTrip
 from pyar.bench.sizes import doubling
-from pyar.comm.hierarchical import shard_bounds
+from pyar.comm import shards
 
 LEGEND = ("mpi/host: the sum through the host over every rank (device-to-host copy, mpi4py "
           "Allreduce, copy back); hier:METHOD: pyar across the nodes, the domain's "
@@ -43,8 +43,8 @@ def sweep(args, comm, mpi, largest, show):
     y = pyar.empty_like(x)
     x.set(exact.exact_inputs(x.size, mpi.Get_rank()).astype(dtype), stream=stream)
     host = HostRoundTrip(mpi, x.size, dtype)
-    lo, hi = shard_bounds(x.size, dtype.itemsize, local.world, local.rank)
-    shards = pyar.empty((hi - lo,), np.float32, stream=stream)
+    lo, hi = shards.bounds(x.size, local.world, dtype.itemsize, local.rank)
+    shard_buffer = pyar.empty((hi - lo,), np.float32, stream=stream)
     gathered_in = pyar.empty((hi - lo,), dtype, stream=stream)
     rows = []
     for nbytes in doubling(args.min, largest, args.factor):
@@ -74,7 +74,7 @@ def sweep(args, comm, mpi, largest, show):
             rows[-1]["vs_mpi"] = seconds / baseline
             show(rows[-1])
         if local.world > 1:
-            rows.extend(_domain_rows(args, local, src, dst, shards, gathered_in, timed, moved,
+            rows.extend(_domain_rows(args, local, src, dst, shard_buffer, gathered_in, timed, moved,
                                      stream))
             for row in rows[-2:]:
                 show(row)
@@ -83,11 +83,11 @@ def sweep(args, comm, mpi, largest, show):
     return rows
 
 
-def _domain_rows(args, local, src, dst, shards, gathered_in, timed, moved, stream):
+def _domain_rows(args, local, src, dst, shard_buffer, gathered_in, timed, moved, stream):
     """The domain's reduce-scatter (to float32) and all-gather of ``src``'s size."""
     count = src.size
-    lo, hi = shard_bounds(count, src.dtype.itemsize, local.world, local.rank)
-    shard = measure.prefix(shards, hi - lo)
+    lo, hi = shards.bounds(count, local.world, src.dtype.itemsize, local.rank)
+    shard = measure.prefix(shard_buffer, hi - lo)
     mine = measure.prefix(gathered_in, hi - lo)
     local.register(src)
     bus = (local.world - 1) / local.world

@@ -30,25 +30,17 @@ from mpi4py import MPI
 
 from pyar import _hip, diagnostics
 from pyar.array import DeviceArray, empty
-from pyar.comm import exchange, rail, rmsnorm
+from pyar.comm import exchange, rail, rmsnorm, shards
 from pyar.comm.communicator import DEFAULT_MAX_SIZE, Communicator, resolve_timeout
 from pyar.comm.bounded import BoundedComm
 from pyar.comm.errors import CollectiveTimeout
 from pyar.comm.resources import Resources
 
 PIECE_SHARD_ELEMENTS = 1 << 19  # float32 elements of one rank's shard per piece (2 MiB)
-_PACK_BYTES = 16
 
 
 class CaptureError(RuntimeError):
     """A collective that crosses IPC domains was called under graph capture."""
-
-
-def shard_bounds(n, itemsize, world, rank):
-    """Elements [first, last) of ``rank``'s shard of ``n`` (PLAN.md section 2's rule)."""
-    lanes = _PACK_BYTES // itemsize
-    shard = lanes * -(-n // (lanes * world))
-    return min(n, rank * shard), min(n, (rank + 1) * shard)
 
 
 class HierarchicalCommunicator:
@@ -239,7 +231,7 @@ class HierarchicalCommunicator:
     def _to_host(self, x, buffers, first, count, stream):
         """Queue the piece's reduce-scatter and the copy of its shard to the host."""
         piece = _view(x.ptr + first * x.dtype.itemsize, count, x.dtype, x)
-        lo, hi = shard_bounds(count, x.dtype.itemsize, self.local.world, self.local.rank)
+        lo, hi = shards.bounds(count, self.local.world, x.dtype.itemsize, self.local.rank)
         shard = _view(buffers["shard"].ptr, hi - lo, np.float32, buffers["shard"])
         if self.local.world > 1:
             self.local.reduce_scatter(piece, out=shard, stream=stream)
@@ -255,7 +247,7 @@ class HierarchicalCommunicator:
         """Once the piece's shard is on the host: its sum over the rail, the
         copy back and the domain's all-gather into ``out``, queued."""
         buffers["done"].synchronize()
-        lo, hi = shard_bounds(count, out.dtype.itemsize, self.local.world, self.local.rank)
+        lo, hi = shards.bounds(count, self.local.world, out.dtype.itemsize, self.local.rank)
         result = _host(buffers["result_host"], hi - lo, out.dtype)
         send = _host(buffers["send"], rail.send_capacity(hi - lo, self.domains), np.float32)
         if self.local.world > 1:

@@ -37,7 +37,7 @@ from allreduce_common import bits, run
 
 import pyar  # noqa: F401,E402
 from pyar.array import DeviceArray  # noqa: E402
-from pyar.comm import hierarchical  # noqa: E402
+from pyar.comm import hierarchical, shards  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout  # noqa: E402
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -154,7 +154,7 @@ class FakeLocal:
         return device_array(np.zeros(x.shape, x.dtype)) if out is None else out
 
     def reduce_scatter(self, x, out, stream):
-        lo, hi = hierarchical.shard_bounds(x.size, x.dtype.itemsize, self.world, self.rank)
+        lo, hi = shards.bounds(x.size, self.world, x.dtype.itemsize, self.rank)
         assert out.size == hi - lo and out.dtype == np.float32, (out.size, hi - lo, out.dtype)
         everyone = self.comm.allgather(host_view(x.ptr, x.size, x.dtype).copy())
         total = host_view(out.ptr, out.size, out.dtype)
@@ -163,7 +163,7 @@ class FakeLocal:
             total += part[lo:hi].astype(np.float32)
 
     def all_gather(self, x, out, stream):
-        lo, hi = hierarchical.shard_bounds(out.size, out.dtype.itemsize, self.world, self.rank)
+        lo, hi = shards.bounds(out.size, self.world, out.dtype.itemsize, self.rank)
         assert x.size == hi - lo and x.dtype == out.dtype
         host_view(out.ptr, out.size, out.dtype)[...] = np.concatenate(
             self.comm.allgather(host_view(x.ptr, x.size, x.dtype).copy()))
