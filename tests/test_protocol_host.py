@@ -17,11 +17,17 @@ partial region of each rank's buffer, as Communicator maps it).
 Under ThreadSanitizer an access that no barrier orders is a report even when the schedule
 happened to give the right sum, so a missing barrier is seen deterministically, not only
 when the timing goes wrong as on the GPU. Hence:
-  - every kernel at world sizes 2, 3, 4 and 8 runs with zero reports and exact sums, also
-    across the 32-bit wrap of the per-block epochs (whose control, an epoch comparison that
+  - every kernel at world sizes 2, 3, 4 and 8 runs with zero reports and exact sums (the
+    reduce_scatter and all_gather kernels of shards.cu too: every dtype, float32 sums of
+    16-bit inputs, counts that leave shards short or empty), also across the 32-bit wrap of
+    the per-block epochs (whose control, an epoch comparison that
     is not wrap-safe, must be caught);
   - a rank that stops calling makes its peers' bounded spins give up, and their error
     records name it;
+  - ranks whose calls disagree (another call signature on one rank) all record the
+    disagreement with every rank's signature, write no output and stop, without a report
+    and without waiting; its control, a build whose start barrier ignores the signatures
+    (PYAR_TEST_IGNORE_SIGNATURE), runs the call and writes the outputs;
   - the mutation table: every barrier of every kernel left out in turn (the driver is built
     with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase, the protocol's test-only define, and
     --skip picks the phase) must be caught, by a report or a wrong sum; the barriers proven
@@ -46,7 +52,8 @@ pytestmark = pytest.mark.skipif(
 
 CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
             "-DPYAR_TEST_SKIP_PHASE=host::skipped_phase",
-            "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached", "-Wall", "-Wno-unknown-pragmas"]
+            "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached",
+            "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature", "-Wall", "-Wno-unknown-pragmas"]
 # halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
 # report from a wrong sum (1) or bad usage (2).
 TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
@@ -148,6 +155,7 @@ def test_allreduce_clean_and_exact(driver, kernel, world):
 
 
 FUSED = ("onestage", "twostage")
+SHARDS = ("reducescatter", "allgather")
 # (options, (packs per thread, threads, blocks) of the first launch): float32 rows of 200,
 # 1000 and 2040 elements are 50, 250 and 510 packs, one, two and four a thread; the last
 # lanes of each block hold clamped copies. --blocks counts 64-thread blocks, as the GPU's
@@ -212,7 +220,7 @@ def test_half_types_clean_and_exact(driver, dtype):
             assert_geometry(outcome, geometry, f"{kernel} {dtype}")
 
 
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage"])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
 @pytest.mark.parametrize("variant", ["staged", "registered"])
 def test_epochs_across_the_32_bit_wrap(driver, kernel, variant):
     """Every block's epoch starts 4 calls before 2**32 (the test hook, as if 2**32 - 4 calls
@@ -235,7 +243,7 @@ def test_epoch_wrap_catches_a_comparison_that_is_not_wrap_safe(driver):
     assert_clean(from_zero, "an unsigned epoch comparison far from the wrap")
 
 
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage"])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
 def test_absent_rank_times_out_and_is_named(driver, kernel):
     """Rank 2 of 3 makes no call from its fourth on: the others' bounded spins give up after
     the timeout, and the error record names rank 2 and the call, without a report."""
@@ -244,6 +252,83 @@ def test_absent_rank_times_out_and_is_named(driver, kernel):
     row = outcome.row
     assert row["mismatches"] == 0 and row["timeouts"] == 2, row
     assert row["missing"] == [2] and row["timed_out_calls"] == [3, 3], row
+
+
+# --- reduce_scatter and all_gather ---------------------------------------------------------
+
+# How Communicator calls them: staged or registered, in one launch or in chunks of the
+# shards (a 2 KiB scratch: 128 float32 elements per rank and launch for reduce_scatter at
+# world 4); 3001 elements leave the last shard short, 7 leave the last ranks' shards empty
+# and a part of a pack in the first.
+SHARD_WAYS = {
+    "staged": ("--variant", "staged"),
+    "registered": ("--variant", "registered"),
+    "staged-chunked": ("--variant", "staged", "--max-size", 2048, "--elements", 5003),
+    "registered-chunked": ("--variant", "registered", "--max-size", 2048, "--elements", 5003),
+    "staged-tiny": ("--variant", "staged", "--elements", 7),
+}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("kernel", SHARDS)
+def test_shards_clean_and_exact(driver, kernel, world):
+    """reduce_scatter and all_gather back to back in every way the host calls them: zero
+    reports, every rank's shard of the sum (reduce_scatter) or the whole array (all_gather)
+    exact."""
+    for way, options in SHARD_WAYS.items():
+        outcome = run(driver, kernel, world, *options, "--calls", 8, "--seed", world, *DELAYS)
+        assert_clean(outcome, f"{kernel} {way} at world {world}")
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_shards_half_types_and_float32_sums(driver, dtype):
+    """16-bit inputs: reduce_scatter into the input's type and into float32 (the
+    hierarchical communicator's partial sums), all_gather; odd counts."""
+    for kernel, options in (("reducescatter", ()), ("reducescatter", ("--out", "f32")),
+                            ("allgather", ())):
+        for variant in ("staged", "registered"):
+            outcome = run(driver, kernel, 3, "--dtype", dtype, *options, "--variant", variant,
+                          "--elements", 1001, "--calls", 5, *DELAYS)
+            assert_clean(outcome, f"{kernel} {dtype} {options} {variant}")
+
+
+# --- calls that disagree -----------------------------------------------------------------
+
+DISAGREE_WAYS = {"staged": ("--variant", "staged"), "registered": ("--variant", "registered"),
+                 "registered-chunked": None}  # the kernel's own chunked way (mutation_ways)
+
+
+def disagree_ways(kernel):
+    return {way: options or mutation_ways(kernel)["chunked"]
+            for way, options in DISAGREE_WAYS.items()}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+def test_disagreeing_calls_are_recorded_and_touch_nothing(driver, kernel, world):
+    """The last rank's fourth call carries another signature (its element count plus one):
+    every rank's error record says the ranks disagreed, names a chunk of that call and every
+    rank's signature; no rank wrote any byte of its outputs (poisoned before the call), so
+    no block read a peer's data; every rank stops there (4 calls each), without waiting for
+    a timeout (60 s here) and without a report."""
+    for way, options in disagree_ways(kernel).items():
+        outcome = run(driver, kernel, world, *options, "--disagree", f"{world - 1}.3",
+                      "--calls", 6, "--seed", world, *DELAYS)
+        assert_clean(outcome, f"{kernel} {way} disagreeing at world {world}")
+        row = outcome.row
+        assert (row["disagreements"], row["bad_records"], row["touched"]) == (world, 0, 0), row
+        assert row["launches"] % (4 * world) == 0 and row["seconds"] < 30, row
+
+
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+def test_ignoring_the_signature_is_caught(driver, kernel):
+    """The control: built to ignore the signatures, the start barrier lets the disagreeing
+    call through; it writes its outputs and nobody records a disagreement."""
+    outcome = run(driver, kernel, 3, "--disagree", "2.3", "--signature-check", "off",
+                  "--calls", 6, *DELAYS)
+    assert outcome.reports == 0, outcome.first_report()
+    row = outcome.row
+    assert row["disagreements"] == 0 and row["touched"] > 0 and outcome.returncode == 1, row
 
 
 # --- the mutation table -----------------------------------------------------------------
@@ -255,6 +340,8 @@ KERNEL_PHASES = {
     "onestage": ("start", "exit"),
     "twostage": ("start", "mid", "exit"),
     MIXED: ("start", "mid", "exit"),
+    "reducescatter": ("start", "exit"),
+    "allgather": ("start", "exit"),
 }
 REDUNDANT = {
     ("twoshot", "exit"): "peers read the input and the partial scratch only before mid; "
@@ -274,6 +361,7 @@ def mutation_ways(kernel):
     """Staged, registered, and registered in chunks: the chunks of one call run back to
     back, the next launch's peers pushing into (or reading) what this one used."""
     chunked = (ALLREDUCE_WAYS["registered-chunked"][0] if kernel in ("oneshot", "twoshot")
+               else SHARD_WAYS["registered-chunked"] if kernel in SHARDS
                else FUSED_WAYS["registered-chunked"][0])
     return {"staged": ("--variant", "staged"), "registered": ("--variant", "registered"),
             "chunked": chunked}
@@ -296,7 +384,8 @@ def test_every_barrier_removal_is_caught(driver):
     for kernel, phases in KERNEL_PHASES.items():
         ways = mutation_ways(kernel)
         for phase in phases:
-            calls = {"oneshot": 10, "twoshot": 10, MIXED: 6}.get(kernel, 4)
+            calls = {"oneshot": 10, "twoshot": 10, MIXED: 6, "reducescatter": 10,
+                     "allgather": 10}.get(kernel, 4)
             found = {way: _detection(run(driver, kernel, 4, *options, "--skip", phase,
                                          "--calls", calls, *DELAYS))
                      for way, options in ways.items()}

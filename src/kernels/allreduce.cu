@@ -10,13 +10,7 @@ template <typename T, int W>
 PYAR_DEVICE bool reduce_tail(const Pack16 *const (&src)[W], uint64_t first, uint64_t n, T *result) {
   const uint64_t i = first + threadIdx.x;
   if (blockIdx.x != 0 || i >= n) return false;
-  float acc = 0.f;
-#pragma unroll
-  for (int r = 0; r < W; ++r) {
-    const T *x = reinterpret_cast<const T *>(src[r]);
-    acc = r == 0 ? Element<T>::to_float(x[i]) : acc + Element<T>::to_float(x[i]);
-  }
-  *result = Element<T>::from_float(acc);
+  *result = Element<T>::from_float(sum_element<T, W>(src, i));
   return true;
 }
 
@@ -101,8 +95,10 @@ extern "C" __device__ const uint64_t pyar_allreduce_layout[5] = {
   extern "C" __global__ void __launch_bounds__(pyar::kThreads)                              \
       pyar_allreduce_##algo##_##name##_w##W(                                                \
           const pyar::InputTable *in, uint64_t in_offset, pyar::Pack16 *out,                \
-          const pyar::CommState *state, uint64_t n, uint64_t timeout_ns, uint32_t call) {   \
-    pyar::algo<T, W>(in, in_offset, out, state, n, pyar::CallInfo{timeout_ns, call});       \
+          const pyar::CommState *state, uint64_t n, uint64_t timeout_ns, uint64_t signature, \
+          uint32_t call) {                                                                  \
+    pyar::algo<T, W>(in, in_offset, out, state, n,                                          \
+                     pyar::CallInfo{timeout_ns, signature, call});                          \
   }
 
 #define PYAR_ALLREDUCE_WORLDS(algo, name, T) \

@@ -631,9 +631,10 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
   extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
       pyar_allreduce_rmsnorm_##algo##_##name##_##kind##_p##P##_w##W(                        \
           const pyar::InputTable *in, uint64_t in_offset, uint64_t tokens, PYAR_ROW_PARAMS,  \
-          const pyar::CommState *state, uint64_t timeout_ns, uint32_t call) {               \
+          const pyar::CommState *state, uint64_t timeout_ns, uint64_t signature,            \
+          uint32_t call) {                                                                  \
     pyar::algo<T, P, Q, W>(in, in_offset, tokens, PYAR_ROW_ARGS, state,                     \
-                           pyar::CallInfo{timeout_ns, call});                               \
+                           pyar::CallInfo{timeout_ns, signature, call});                    \
   }
 
 #define PYAR_FUSED_WORLDS(algo, name, T, kind, Q, P) \
@@ -660,9 +661,10 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
   extern "C" __global__ void PYAR_SPLIT_BOUNDS                                              \
       pyar_allreduce_rmsnorm_split_##name##_p##P##_w##W(                                    \
           const pyar::InputTable *in, uint64_t in_offset, uint64_t tokens, uint32_t hidden,  \
-          const pyar::CommState *state, uint64_t timeout_ns, uint32_t call) {               \
+          const pyar::CommState *state, uint64_t timeout_ns, uint64_t signature,            \
+          uint32_t call) {                                                                  \
     pyar::split_reduce<T, P, W>(in, in_offset, tokens, hidden, state,                       \
-                                pyar::CallInfo{timeout_ns, call});                          \
+                                pyar::CallInfo{timeout_ns, signature, call});               \
   }
 
 // M(arguments.., W) for every supported world size.

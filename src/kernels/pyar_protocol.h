@@ -13,6 +13,13 @@
 //   mid    (two-shot, two-stage) every rank's reduced shard is written;
 //   end    no peer still reads this rank's buffers: after it, the caller may
 //          overwrite its input or the next call may restage the scratch.
+// The start barrier also checks that every rank makes the same call: each
+// rank publishes its call's signature (kind, element count, dtype, input
+// mode: pyar/comm/layout.py encodes it) into every peer's Signal before its
+// start flag, and compares the peers' after acquiring their flags.  Every
+// rank's block b sees the same W signatures, so on a disagreement every
+// rank's block b records it and skips the call without touching a peer's
+// memory (nor waits at its later barriers: none of its peers does either).
 // Leaving out `end` is the seed bug: a fast rank returns, reuses its input,
 // and a slow peer still summing that input reads the new data.
 //
@@ -48,16 +55,31 @@ enum Phase { kStart = 0, kMid = 1, kEnd = 2, kPhases = 3 };
 struct Signal {
   uint32_t flags[kPhases][kMaxBlocks][kMaxRanks];
   uint32_t epoch[kMaxBlocks];
+  // Nonzero once a call of the block failed (a barrier gave up or the ranks
+  // disagreed): the block's later calls do nothing, so a rank that failed
+  // never runs more than one call ahead of a slow peer (the communicator has
+  // failed, and the host makes no new calls).
+  uint32_t failed[kMaxBlocks];
+  // [epoch & 1][block][rank]: rank's call, stored before its start flag.
+  // Two slots, because a call that disagreed skips its exit barrier: a peer
+  // may then store its next call's signature before this rank has read this
+  // call's.  It stores into this slot again only in the call after that,
+  // after a start barrier that needs this rank's next start flag (or after a
+  // failure, and then it stores nothing).
+  uint64_t signature[2][kMaxBlocks][kMaxRanks];
 };
 
 // The host writes this (pyar/comm/layout.py packs the same fields).
 struct CommState {
   Signal *signals[kMaxRanks];  // every rank's Signal, as mapped here
   Pack16 *partial[kMaxRanks];  // every rank's two-shot scratch
-  uint32_t *error;             // host memory: [0] timed out, [1 + r] rank r missing, [9] call
+  uint32_t *error;             // host memory, uint32 words: see barrier()
   uint32_t rank;
   uint32_t world;
 };
+
+// Words of the host error record (barrier() lists them).
+constexpr int kErrorWords = 3 + 3 * kMaxRanks;
 
 struct InputTable {
   const Pack16 *ptr[kMaxRanks];  // every rank's input for this call
@@ -66,7 +88,8 @@ struct InputTable {
 // What a call passes besides the data pointers.
 struct CallInfo {
   uint64_t timeout_ns;
-  uint32_t call;  // the host's sequence number, reported on timeout
+  uint64_t signature;  // what the call is; every rank must pass the same
+  uint32_t call;       // the host's sequence number, reported on failure
 };
 
 // Whether a flag holding `value` has reached `epoch`, across the 32-bit wrap.
@@ -85,17 +108,51 @@ PYAR_DEVICE bool reached(uint32_t value, uint32_t epoch) {
 #define PYAR_TEST_SKIP_PHASE kEnd
 #endif
 
+// Whether an earlier call of this block failed (BlockEpoch::begin reads it).
+PYAR_DEVICE uint32_t &block_failed() {
+  __shared__ uint32_t failed;
+  return failed;
+}
+
+// Whether a peer's call differs from this rank's.
+PYAR_DEVICE bool disagree(uint64_t theirs, uint64_t mine) {
+#if defined(PYAR_TEST_IGNORE_SIGNATURE)  // the mismatch tests' positive control
+  if (PYAR_TEST_IGNORE_SIGNATURE) return false;
+#endif
+  return theirs != mine;
+}
+
+// Host error record (pinned memory, uint32 words), written by a failing
+// block and read by the host after the call:
+//   [0]                  failed (timeout or disagreement): spinning blocks
+//                        of this and later calls give up when they see it
+//   [1 + r]              rank r never arrived (timeout)
+//   [1 + kMaxRanks]      the call's sequence number
+//   [2 + kMaxRanks]      1: the ranks' signatures differ
+//   [3 + kMaxRanks + 2r] and the word after: low and high half of rank r's
+//                        signature (on a disagreement)
+//
+// Returns whether every peer arrived (and, at the start barrier, made the
+// same call); when not, the block skips the rest of the call.
 template <int W>
 PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const CallInfo &info) {
 #if defined(PYAR_TEST_SKIP_PHASE)
   if (phase == PYAR_TEST_SKIP_PHASE) return true;
 #endif
+  if (phase == kStart && block_failed()) return false;
   sync_block_before_release();  // the block's earlier reads and writes precede the release
-  int arrived = 1;
+  int arrived = 1, differs = 0;
+  uint64_t theirs = 0;
   if (threadIdx.x < W) {
     const uint32_t peer = threadIdx.x;
-    store_release_system(&s.signals[peer]->flags[phase][blockIdx.x][s.rank], epoch);
-    const uint32_t *mine = &s.signals[s.rank]->flags[phase][blockIdx.x][peer];
+    // Every address first: after the flag's acquire a load of the state
+    // (which the stores might alias) would cost a round trip of its own.
+    Signal *const theirs_signal = s.signals[peer], *const my_signal = s.signals[s.rank];
+    uint32_t *const flag = &theirs_signal->flags[phase][blockIdx.x][s.rank];
+    const uint32_t *const mine = &my_signal->flags[phase][blockIdx.x][peer];
+    const uint64_t *const published = &my_signal->signature[epoch & 1][blockIdx.x][peer];
+    if (phase == kStart) theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
+    store_release_system(flag, epoch);
     if (!reached(load_acquire_system(mine), epoch)) {
       const uint64_t since = now_ns();
       while (!reached(load_acquire_system(mine), epoch)) {
@@ -107,7 +164,7 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
           arrived = 0;
           break;
         }
-        // After a timeout the host refuses new calls, but calls already
+        // After a failure the host refuses new calls, but calls already
         // queued behind it would each wait a whole timeout for peers that
         // gave up: they stop as soon as they see the error record.
         if (waited > kGiveUpCheckNs && load_volatile(&s.error[0])) {
@@ -116,8 +173,27 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
         }
       }
     }
+    // The peer stored its signature before the flag the acquire saw.
+    if (phase == kStart && arrived) {
+      theirs = *published;
+      differs = disagree(theirs, info.signature);
+    }
   }
-  return __syncthreads_and(arrived);  // and the acquire precedes the block's later accesses
+  // and the acquire precedes the block's later accesses
+  if (__syncthreads_and(arrived && !differs)) return true;
+  if (threadIdx.x == 0) s.signals[s.rank]->failed[blockIdx.x] = 1u;
+  if (phase == kStart && __syncthreads_or(differs)) {  // the slow path only: a failed call
+    if (threadIdx.x < W && arrived) {
+      store_volatile(&s.error[3 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs));
+      store_volatile(&s.error[4 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs >> 32));
+    }
+    if (threadIdx.x == 0) {
+      store_volatile(&s.error[2 + kMaxRanks], 1u);
+      store_volatile(&s.error[1 + kMaxRanks], info.call);
+      store_volatile(&s.error[0], 1u);
+    }
+  }
+  return false;
 }
 
 template <typename T>
@@ -126,11 +202,10 @@ struct Lanes {
 };
 
 // Sums one pack from every rank in rank order 0..W-1 in fp32, so every rank
-// (and both algorithms) produce bitwise-identical results.
+// (and every algorithm) produces bitwise-identical results.
 template <typename T, int W>
-PYAR_DEVICE Pack16 reduce_pack(const Pack16 (&v)[W]) {
+PYAR_DEVICE void sum_packs(const Pack16 (&v)[W], float (&acc)[Lanes<T>::kCount]) {
   constexpr int L = Lanes<T>::kCount;
-  float acc[L];
   const T *first = reinterpret_cast<const T *>(&v[0]);
 #pragma unroll
   for (int j = 0; j < L; ++j) acc[j] = Element<T>::to_float(first[j]);
@@ -140,26 +215,63 @@ PYAR_DEVICE Pack16 reduce_pack(const Pack16 (&v)[W]) {
 #pragma unroll
     for (int j = 0; j < L; ++j) acc[j] += Element<T>::to_float(x[j]);
   }
+}
+
+// The sums rounded to T, as one pack.
+template <typename T>
+PYAR_DEVICE Pack16 round_sums(const float (&acc)[Lanes<T>::kCount]) {
   Pack16 out;
   T *o = reinterpret_cast<T *>(&out);
 #pragma unroll
-  for (int j = 0; j < L; ++j) o[j] = Element<T>::from_float(acc[j]);
+  for (int j = 0; j < Lanes<T>::kCount; ++j) o[j] = Element<T>::from_float(acc[j]);
   return out;
 }
 
 template <typename T, int W>
-PYAR_DEVICE Pack16 load_and_reduce(const Pack16 *const (&src)[W], uint64_t i) {
+PYAR_DEVICE Pack16 reduce_pack(const Pack16 (&v)[W]) {
+  float acc[Lanes<T>::kCount];
+  sum_packs<T, W>(v, acc);
+  return round_sums<T>(acc);
+}
+
+// Pack i of every rank's source, summed: all loads in flight first.
+template <typename T, int W>
+PYAR_DEVICE void load_and_sum(const Pack16 *const (&src)[W], uint64_t i,
+                              float (&acc)[Lanes<T>::kCount]) {
   Pack16 v[W];
 #pragma unroll
-  for (int r = 0; r < W; ++r) v[r] = load_peer(src[r] + i);  // all loads in flight first
-  return reduce_pack<T, W>(v);
+  for (int r = 0; r < W; ++r) v[r] = load_peer(src[r] + i);
+  sum_packs<T, W>(v, acc);
+}
+
+template <typename T, int W>
+PYAR_DEVICE Pack16 load_and_reduce(const Pack16 *const (&src)[W], uint64_t i) {
+  float acc[Lanes<T>::kCount];
+  load_and_sum<T, W>(src, i, acc);
+  return round_sums<T>(acc);
+}
+
+// Element i (past the whole packs) of every rank's source, summed in the
+// same order.
+template <typename T, int W>
+PYAR_DEVICE float sum_element(const Pack16 *const (&src)[W], uint64_t i) {
+  float acc = 0.f;
+#pragma unroll
+  for (int r = 0; r < W; ++r) {
+    const T *x = reinterpret_cast<const T *>(src[r]);
+    acc = r == 0 ? Element<T>::to_float(x[i]) : acc + Element<T>::to_float(x[i]);
+  }
+  return acc;
 }
 
 struct BlockEpoch {
   uint32_t value;
   PYAR_DEVICE static uint32_t begin(const CommState &s) {
     __shared__ uint32_t epoch;
-    if (threadIdx.x == 0) epoch = s.signals[s.rank]->epoch[blockIdx.x] + 1;
+    if (threadIdx.x == 0) {
+      epoch = s.signals[s.rank]->epoch[blockIdx.x] + 1;
+      block_failed() = s.signals[s.rank]->failed[blockIdx.x];
+    }
     __syncthreads();
     return epoch;
   }

@@ -52,12 +52,15 @@ def _unavailable(reason):
 CONTROL_BUILDS = {
     "control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER"),
     "start_control_kernels": ("PYAR_TEST_SKIP_PHASE=kStart",),
+    "signature_control_kernels": ("PYAR_TEST_IGNORE_SIGNATURE=1",),
 }
+# The code objects a Communicator loads (by these names, from kernels=DIR).
+CONTROL_SOURCES = ("allreduce", "allreduce_rmsnorm", "shards")
 
 
 def build_controls(out_dir, platform, arch, defines):
-    """src/kernels/allreduce.cu and allreduce_rmsnorm.cu built into ``out_dir``
-    for ``arch`` with the test-only ``defines``."""
+    """src/kernels/allreduce.cu, allreduce_rmsnorm.cu and shards.cu built into
+    ``out_dir`` for ``arch`` with the test-only ``defines``."""
     sys.path.insert(0, ROOT)
     import setup_kernels
 
@@ -76,7 +79,7 @@ def build_controls(out_dir, platform, arch, defines):
         env = setup_kernels.hip_environment()
     os.makedirs(out_dir, exist_ok=True)
     builds = []
-    for kernel in ("allreduce", "allreduce_rmsnorm"):
+    for kernel in CONTROL_SOURCES:
         source = os.path.join(ROOT, "src", "kernels", kernel + ".cu")
         output = os.path.join(out_dir, kernel + suffix)
         line = command(compiler, source, output, (arch,), defines)
@@ -91,13 +94,13 @@ def build_controls(out_dir, platform, arch, defines):
 
 def _build_control_kernels(tmp_path_factory, name, defines):
     """The control build ``name`` for this GPU; pass it as Communicator(kernels=...).
-    ``$PYAR_CONTROL_KERNELS/<name>``, when it holds both code objects, is used
+    ``$PYAR_CONTROL_KERNELS/<name>``, when it holds every code object, is used
     as it is: the GPU machine's time is scarce, and these can be built
     elsewhere from the same sources (``python -m tests.gpu.conftest DIR ARCH``)."""
     prebuilt = os.path.join(os.environ.get("PYAR_CONTROL_KERNELS", ""), name)
     if os.environ.get("PYAR_CONTROL_KERNELS") and all(
             os.path.exists(os.path.join(prebuilt, kernel + ".fatbin"))
-            for kernel in ("allreduce", "allreduce_rmsnorm")):
+            for kernel in CONTROL_SOURCES):
         return prebuilt
     platform, arch = _device_platform_and_arch()
     return build_controls(str(tmp_path_factory.mktemp(name)), platform, arch, defines)
@@ -106,8 +109,8 @@ def _build_control_kernels(tmp_path_factory, name, defines):
 @pytest.fixture(scope="session")
 def kernels_without_exit_barrier(tmp_path_factory):
     """The kernels without the barrier after which peers stop reading a rank's input
-    (PYAR_TEST_SKIP_EXIT_BARRIER: one-shot and one-stage; PYAR_TEST_SKIP_MID_BARRIER:
-    two-stage), once per test session."""
+    (PYAR_TEST_SKIP_EXIT_BARRIER: one-shot, one-stage, reduce_scatter and all_gather;
+    PYAR_TEST_SKIP_MID_BARRIER: two-stage), once per test session."""
     return _build_control_kernels(tmp_path_factory, "control_kernels",
                                   CONTROL_BUILDS["control_kernels"])
 
@@ -118,6 +121,15 @@ def kernels_without_start_barrier(tmp_path_factory):
     session."""
     return _build_control_kernels(tmp_path_factory, "start_control_kernels",
                                   CONTROL_BUILDS["start_control_kernels"])
+
+
+@pytest.fixture(scope="session")
+def kernels_ignoring_signatures(tmp_path_factory):
+    """The kernels whose start barrier does not compare the ranks' call signatures
+    (PYAR_TEST_IGNORE_SIGNATURE=1): the mismatch tests' positive control, once per test
+    session."""
+    return _build_control_kernels(tmp_path_factory, "signature_control_kernels",
+                                  CONTROL_BUILDS["signature_control_kernels"])
 
 
 if __name__ == "__main__":

@@ -174,15 +174,16 @@ def start_epochs_at(comm, epoch):
     and every flag slot of it, is set to ``epoch`` on every rank, as if that many calls had
     run -- so that a scenario crosses the 32-bit wrap of the epochs within a few calls.
 
-    Writes the Signal area of the communicator's buffer (src/kernels/pyar_protocol.h:
-    ``flags[phases][max_blocks][max_ranks]`` then ``epoch[max_blocks]``, uint32) with the
+    Writes the start of the Signal area of the communicator's buffer
+    (src/kernels/pyar_protocol.h: ``flags[phases][max_blocks][max_ranks]`` then
+    ``epoch[max_blocks]``, uint32; then ``failed[max_blocks]``, uint32, and
+    ``signature[2][max_blocks][max_ranks]``, uint64, which it leaves alone) with the
     runtime's memcpy, after every rank's calls have finished and before any rank's next
     call (peers store into this rank's flags)."""
     from pyar import _hip
     lay = comm._layout
-    words = lay.signal_bytes // 4
-    phases, rest = divmod(words // lay.max_blocks - 1, lay.max_ranks)
-    if rest or words % lay.max_blocks or phases != 3:
+    words = lay.max_blocks * (3 * lay.max_ranks + 1)
+    if lay.signal_bytes != 4 * (words + lay.max_blocks) + 8 * 2 * lay.max_blocks * lay.max_ranks:
         raise AssertionError(f"unexpected Signal layout: {lay.signal_bytes} bytes for "
                              f"{lay.max_blocks} blocks and {lay.max_ranks} ranks")
     comm.synchronize()

@@ -20,14 +20,17 @@
 // (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | onestage | twostage, or several joined by
-//              '+' that take turns call by call (twoshot+twostage: two
-//              kernels sharing the partial region back to back)
+//   KERNEL     oneshot | twoshot | onestage | twostage | reducescatter |
+//              allgather, or several joined by '+' that take turns call by
+//              call (twoshot+twostage: two kernels sharing the partial region
+//              back to back)
 //   --dtype    f32 | f16 | bf16                   (f32)
 //   --variant  staged | registered                (staged)
 //   --in-place 0 | 1   out is the input (all-reduce only)   (0)
+//   --out f32      reducescatter of 16-bit inputs sums into float32
 //   --calls N  back-to-back calls                 (40)
-//   --elements N   all-reduce elements per call   (3001)
+//   --elements N   all-reduce, reducescatter and allgather elements per call
+//                  (the whole array: shards as pyar/comm/shards.py cuts it)   (3001)
 //   --tokens N --hidden N   fused rows per call    (12, 200)
 //   --max-size BYTES   scratch per rank: larger calls go in chunks (1 MiB)
 //   --blocks N     the grid cap (Communicator._max_blocks), in blocks of
@@ -36,9 +39,15 @@
 //   --skip start | mid | exit   leave that barrier out (a mutation run)
 //   --absent R.C   rank R makes no call from its call C on (the peers time out)
 //   --reached unsigned   compare epochs as plain unsigned numbers (not wrap-safe)
+//   --disagree R.C     rank R's call C carries another signature (its element
+//                      count plus one): every rank must record the
+//                      disagreement, leave its outputs untouched and stop there
+//                      (the host raises MismatchError)
+//   --signature-check off   the start barrier ignores the signatures
 //   --seed S --jitter ONE_IN --sleep-us US --delay-us US --timeout-ms MS
-// Prints one line of JSON; exits 0 when every result was exact and no call
-// timed out, 1 otherwise, 2 on bad usage.
+// Prints one line of JSON; exits 0 when every result was exact, no call
+// timed out and a --disagree call was recorded by every rank and touched no
+// output, 1 otherwise, 2 on bad usage.
 #include <stdint.h>
 
 namespace pyar {
@@ -50,11 +59,15 @@ inline int skipped_phase = -1;
 // Whether barriers compare epochs without regard to the wrap (--reached
 // unsigned), with -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached.
 inline bool unsigned_reached = false;
+// Whether the start barrier ignores the call signatures (--signature-check
+// off), with -DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature.
+inline bool ignore_signature = false;
 }  // namespace host
 }  // namespace pyar
 
 #include "allreduce.cu"
 #include "allreduce_rmsnorm.cu"
+#include "shards.cu"
 
 #include <algorithm>
 #include <cmath>
@@ -75,10 +88,14 @@ using pyar::Pack16;
 // --- the kernels, by their GPU names (hipModuleGetFunction) -------------------
 
 using AllreduceEntry = void (*)(const InputTable *, uint64_t, Pack16 *, const CommState *,
-                                uint64_t, uint64_t, uint32_t);
+                                uint64_t, uint64_t, uint64_t, uint32_t);
 using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16 *,
                             const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *, uint32_t,
-                            float, uint32_t, uint32_t, const CommState *, uint64_t, uint32_t);
+                            float, uint32_t, uint32_t, const CommState *, uint64_t, uint64_t,
+                            uint32_t);
+// reduce_scatter and all_gather (`out` is the element type's pointer).
+using ShardEntry = void (*)(const InputTable *, uint64_t, uint64_t, void *, const CommState *,
+                            uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t);
 
 // The most threads of a row block here (the GPU's is kMaxRowThreads): rows
 // of up to 128 packs run one pack per thread, wider ones 2 or 4, so small
@@ -110,6 +127,12 @@ const std::map<std::string, void *> &entries() {
       PYAR_NAMED_TYPES(pyar_allreduce_two_shot),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_one_stage),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_two_stage),
+      PYAR_NAMED_WORLDS(pyar_reduce_scatter_f32_f32),
+      PYAR_NAMED_WORLDS(pyar_reduce_scatter_f16_f16),
+      PYAR_NAMED_WORLDS(pyar_reduce_scatter_f16_f32),
+      PYAR_NAMED_WORLDS(pyar_reduce_scatter_bf16_bf16),
+      PYAR_NAMED_WORLDS(pyar_reduce_scatter_bf16_f32),
+      PYAR_NAMED_TYPES(pyar_all_gather),
   };
   return table;
 }
@@ -128,7 +151,7 @@ void *entry(const std::string &name) {
 // --- options -----------------------------------------------------------------
 
 struct Options {
-  std::string kernel, dtype = "f32", variant = "staged";
+  std::string kernel, dtype = "f32", variant = "staged", out = "same";
   uint32_t world = 0;
   bool in_place = false;
   uint32_t calls = 40;
@@ -145,17 +168,31 @@ struct Options {
   uint64_t timeout_ms = 60000;
   int skip = -1;
   bool unsigned_reached = false;
+  uint32_t disagree_rank = ~0u;
+  uint64_t disagree_call = ~0ull;
+  bool ignore_signature = false;
 
   std::vector<std::string> kernels;  // call c runs kernels[c % size]
 
   static bool fused(const std::string &k) { return k == "onestage" || k == "twostage"; }
+  static bool sharded(const std::string &k) { return k == "reducescatter" || k == "allgather"; }
   bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
   const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
   uint64_t elements_of(uint64_t call) const {
     return fused(kernel_of(call)) ? tokens * hidden : elements;
   }
   bool registered() const { return variant == "registered"; }
+  bool disagrees(uint32_t rank, uint64_t call) const {
+    return rank == disagree_rank && call == disagree_call;
+  }
 };
+
+// RANK.CALL of --absent and --disagree.
+std::pair<uint32_t, uint64_t> rank_and_call(const std::string &key, const std::string &value) {
+  const size_t dot = value.find('.');
+  if (dot == std::string::npos) usage(key + " is RANK.CALL");
+  return {uint32_t(std::stoul(value.substr(0, dot))), std::stoull(value.substr(dot + 1))};
+}
 
 int phase(const std::string &name) {
   if (name == "start") return pyar::kStart;
@@ -173,9 +210,9 @@ Options parse(int argc, char **argv) {
     const size_t plus = std::min(o.kernel.find('+', first), o.kernel.size());
     o.kernels.push_back(o.kernel.substr(first, plus - first));
     const std::string &k = o.kernels.back();
-    if (k != "oneshot" && k != "twoshot" && !Options::fused(k))
-      usage("KERNEL is oneshot, twoshot, onestage or twostage, or several joined by '+', not " +
-            o.kernel);
+    if (k != "oneshot" && k != "twoshot" && !Options::fused(k) && !Options::sharded(k))
+      usage("KERNEL is oneshot, twoshot, onestage, twostage, reducescatter or allgather, or "
+            "several joined by '+', not " + o.kernel);
     first = plus + 1;
   }
   if (o.world < 2 || o.world > uint32_t(pyar::kMaxRanks)) usage("WORLD is 2..8");
@@ -185,6 +222,7 @@ Options parse(int argc, char **argv) {
     if (key == "--dtype") o.dtype = value;
     else if (key == "--variant") o.variant = value;
     else if (key == "--in-place") o.in_place = value == "1";
+    else if (key == "--out") o.out = value;
     else if (key == "--calls") o.calls = uint32_t(std::stoul(value));
     else if (key == "--elements") o.elements = std::stoull(value);
     else if (key == "--tokens") o.tokens = std::stoull(value);
@@ -194,12 +232,11 @@ Options parse(int argc, char **argv) {
     else if (key == "--epoch-start")
       o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
     else if (key == "--skip") o.skip = phase(value);
-    else if (key == "--absent") {
-      const size_t dot = value.find('.');
-      if (dot == std::string::npos) usage("--absent is RANK.CALL");
-      o.absent_rank = uint32_t(std::stoul(value.substr(0, dot)));
-      o.absent_call = std::stoull(value.substr(dot + 1));
-    } else if (key == "--reached") o.unsigned_reached = value == "unsigned";
+    else if (key == "--absent") std::tie(o.absent_rank, o.absent_call) = rank_and_call(key, value);
+    else if (key == "--disagree")
+      std::tie(o.disagree_rank, o.disagree_call) = rank_and_call(key, value);
+    else if (key == "--signature-check") o.ignore_signature = value == "off";
+    else if (key == "--reached") o.unsigned_reached = value == "unsigned";
     else if (key == "--seed") o.seed = std::stoull(value);
     else if (key == "--jitter") o.jitter = uint32_t(std::stoul(value));
     else if (key == "--sleep-us") o.sleep_us = uint32_t(std::stoul(value));
@@ -210,7 +247,10 @@ Options parse(int argc, char **argv) {
   if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16")
     usage("--dtype is f32, f16 or bf16");
   if (o.variant != "staged" && !o.registered()) usage("--variant is staged or registered");
-  if (o.in_place && o.any_fused()) usage("--in-place is for the all-reduce kernels");
+  const bool sharded = std::any_of(o.kernels.begin(), o.kernels.end(), Options::sharded);
+  if (o.in_place && (o.any_fused() || sharded)) usage("--in-place is for the all-reduce kernels");
+  if (o.out != "same" && (o.out != "f32" || o.dtype == "f32" || o.kernel != "reducescatter"))
+    usage("--out f32 is for reducescatter of f16 or bf16");
   // Communicator._plan: one-shot writes its output while peers read its input.
   const bool oneshot = std::count(o.kernels.begin(), o.kernels.end(), "oneshot") > 0;
   if (o.in_place && o.registered() && oneshot)
@@ -229,6 +269,18 @@ int pattern(uint64_t seed, uint32_t rank, uint64_t call, uint64_t i) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return int((z ^ (z >> 31)) % 17) - 8;
+}
+
+// layout.signature: what a launch is (element count, operation, dtype, input
+// mode), as every rank's start barrier compares it.
+uint64_t signature(const std::string &kernel, uint64_t count, const std::string &dtype,
+                   bool registered, uint32_t variant) {
+  static const std::map<std::string, uint64_t> operations = {
+      {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4},
+      {"reducescatter", 6}, {"allgather", 7}};
+  const uint64_t dtype_code = dtype == "f32" ? 1 : dtype == "f16" ? 2 : 3;
+  return count | operations.at(kernel) << 40 | dtype_code << 48 | uint64_t(registered) << 52 |
+         uint64_t(variant) << 53;
 }
 
 template <typename T>
@@ -255,10 +307,13 @@ struct Rank {
   Memory buffer;  // Signal area | staging scratch | partial region (two-shot, two-stage gather)
   CommState state{};
   InputTable staged{}, registered{};
-  uint32_t error[2 + pyar::kMaxRanks] = {};
+  uint32_t error[pyar::kErrorWords] = {};
   Memory x, out, residual, y, weight;
   uint32_t call = 0;  // the host's sequence number (Communicator._next_call)
   uint64_t mismatches = 0, timeouts = 0, chunks = 0;
+  uint64_t disagreements = 0;  // calls whose error record says the ranks disagreed
+  uint64_t bad_records = 0;    // ... with a call number or signatures that are not the call's
+  uint64_t touched = 0;        // output bytes a call that disagreed wrote
   uint32_t missing = 0;  // bit r: rank r never arrived, by the error record
   uint32_t timed_out_call = 0;
   RowGeometry geometry;  // the first fused launch's
@@ -319,13 +374,43 @@ struct Run {
     return {&k.staged, 0};
   }
 
-  // Communicator._check_timeout: the error record the kernel left.
-  bool record_timeout(Rank &k) {
+  // Communicator._check_timeout: the error record the kernel left.  A
+  // disagreement names the call (one of its chunks, first_chunk on) and
+  // every rank's signature for that chunk: `expected(rank, chunk index)`.
+  template <typename Expected>
+  bool record_failure(Rank &k, uint32_t first_chunk, const Expected &expected) {
     if (!k.error[0]) return false;
+    const uint32_t number = k.error[1 + pyar::kMaxRanks];
+    if (k.error[2 + pyar::kMaxRanks]) {
+      ++k.disagreements;
+      bool right = number >= first_chunk && number < k.call;
+      for (uint32_t r = 0; right && r < o.world; ++r) {
+        const uint32_t *half = &k.error[3 + pyar::kMaxRanks + 2 * r];
+        right = (half[0] | uint64_t(half[1]) << 32) == expected(r, number - first_chunk);
+      }
+      k.bad_records += !right;
+      return true;
+    }
     ++k.timeouts;
     for (uint32_t r = 0; r < o.world; ++r) k.missing |= (k.error[1 + r] ? 1u : 0u) << r;
-    k.timed_out_call = k.error[1 + pyar::kMaxRanks];
+    k.timed_out_call = number;
     return true;
+  }
+
+  // How many bytes of `now` differ from `before`.
+  static uint64_t changed(const std::vector<Pack16> &before, const Memory &now) {
+    uint64_t bytes = 0;
+    const auto *a = reinterpret_cast<const unsigned char *>(before.data());
+    const auto *b = reinterpret_cast<const unsigned char *>(now.packs.data());
+    for (size_t i = 0; i < before.size() * sizeof(Pack16); ++i) bytes += a[i] != b[i];
+    return bytes;
+  }
+
+  // The signature rank `rank` passes for a launch of `count` elements of call c.
+  uint64_t signature_of(uint32_t rank, uint64_t c, const std::string &kernel,
+                        uint64_t count) const {
+    return signature(kernel, count + (o.disagrees(rank, c) ? 1 : 0), o.dtype, o.registered(),
+                     kernel == "reducescatter" && o.out == "f32");
   }
 
   bool absent(const Rank &k, uint64_t call) const {
@@ -344,6 +429,13 @@ struct Run {
   template <typename T>
   void fill_input(Rank &k, uint64_t call, uint64_t n) {
     T *x = k.x.as<T>();
+    if (o.kernel_of(call) == "allgather") {  // the rank's shard: element j is the array's first + j
+      const Shards sh = shards(n, sizeof(T));
+      const uint64_t first = sh.begin(k.rank);
+      for (uint64_t j = 0; j < sh.end(k.rank) - first; ++j)
+        x[j] = element<T>(float(pattern(o.seed, k.rank, call, first + j)));
+      return;
+    }
     for (uint64_t i = 0; i < n; ++i) x[i] = element<T>(float(pattern(o.seed, k.rank, call, i)));
   }
 
@@ -363,8 +455,11 @@ struct Run {
     for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
       const std::string &kernel = o.kernel_of(c);
       delay(random);
-      if (Options::fused(kernel) ? !fused_call<T>(k, c, kernel) : !allreduce_call<T>(k, c, kernel))
-        return;  // timed out: the host raises CollectiveTimeout
+      const bool done = Options::fused(kernel)     ? fused_call<T>(k, c, kernel)
+                        : Options::sharded(kernel) ? shard_call<T>(k, c, kernel)
+                                                   : allreduce_call<T>(k, c, kernel);
+      if (!done)
+        return;  // failed: the host raises CollectiveTimeout or MismatchError
       fill_input<T>(k, c + 1, o.elements_of(c + 1));  // the caller reuses its input at once
     }
   }
@@ -377,6 +472,11 @@ struct Run {
     const uint64_t lanes = 16 / sizeof(T), chunk = o.max_size / sizeof(T);
     T *x = k.x.as<T>();
     T *out = o.in_place ? x : k.out.as<T>();
+    // The call every rank skips: its output, poisoned, must stay as it is.
+    const bool skipped = c == o.disagree_call;
+    if (skipped && !o.in_place) std::memset(k.out.data(), 0xff, k.out.packs.size() * 16);
+    const std::vector<Pack16> before = (o.in_place ? k.x : k.out).packs;
+    const uint32_t first_chunk = k.call;
     for (uint64_t first = 0; first < n; first += chunk) {
       const uint64_t count = std::min(chunk, n - first);
       const auto [table, in_offset] = chunk_input(k, first * sizeof(T), count * sizeof(T));
@@ -386,12 +486,18 @@ struct Run {
       const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, wanted));
       const uint32_t call = k.call++;
       Pack16 *dst = reinterpret_cast<Pack16 *>(out + first);
+      const uint64_t sig = signature_of(k.rank, c, name, count);
       host::launch(blocks, pyar::kThreads, [&] {
-        kernel(table, in_offset, dst, &k.state, count, timeout_ns, call);
+        kernel(table, in_offset, dst, &k.state, count, timeout_ns, sig, call);
       });
       ++k.chunks;
     }
-    if (record_timeout(k)) return false;
+    if (skipped) k.touched += changed(before, o.in_place ? k.x : k.out);
+    if (record_failure(k, first_chunk, [&](uint32_t rank, uint64_t index) {
+          return signature_of(rank, c, name, std::min(chunk, n - index * chunk));
+        }))
+      return false;
+    if (skipped) return false;  // nobody noticed: the control build
     for (uint64_t i = 0; i < n; ++i) {
       const float want = exact_sum<T>(c, i);
       if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
@@ -413,6 +519,10 @@ struct Run {
     T *residual = k.residual.as<T>(), *y = k.y.as<T>(), *weight = k.weight.as<T>();
     for (uint64_t i = 0; i < n; ++i)
       residual[i] = element<T>(float(pattern(o.seed + 1, 0, c, i)));  // in place: reset
+    const bool skipped = c == o.disagree_call;  // as in allreduce_call
+    if (skipped) std::memset(k.y.data(), 0xff, k.y.packs.size() * 16);
+    const std::vector<Pack16> residual_before = k.residual.packs, y_before = k.y.packs;
+    const uint32_t first_chunk = k.call;
     for (uint64_t first = 0; first < tokens; first += chunk) {
       const uint64_t count = std::min(chunk, tokens - first);
       const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
@@ -422,14 +532,20 @@ struct Run {
       const uint32_t call = k.call++;
       Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
       Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
+      const uint64_t sig = signature_of(k.rank, c, name, count * hidden);
       host::launch(g.blocks, g.threads, [&] {
         kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
                uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
-               call);
+               sig, call);
       });
       ++k.chunks;
     }
-    if (record_timeout(k)) return false;
+    if (skipped) k.touched += changed(residual_before, k.residual) + changed(y_before, k.y);
+    if (record_failure(k, first_chunk, [&](uint32_t rank, uint64_t index) {
+          return signature_of(rank, c, name, std::min(chunk, tokens - index * chunk) * hidden);
+        }))
+      return false;
+    if (skipped) return false;  // nobody noticed: the control build
     std::vector<float> r(hidden);
     for (uint64_t t = 0; t < tokens; ++t) {
       int squares = 0;
@@ -446,6 +562,91 @@ struct Run {
         const float want = value<T>(element<T>(r[j] * inv_rms * value<T>(weight[j])));
         if (value<T>(y[i]) != want) mismatch(k, c, i, value<T>(y[i]), want);
       }
+    }
+    return true;
+  }
+
+  // --- reduce_scatter and all_gather: Communicator._reduce_scatter_steps
+  // and _all_gather_steps, the shards of pyar/comm/shards.py ---
+  struct Shards {
+    uint64_t n, shard, world;
+    uint64_t begin(uint64_t q) const { return std::min(n, q * shard); }
+    uint64_t end(uint64_t q) const { return std::min(n, (q + 1) * shard); }
+    // The elements of shard q the launch (first, count) covers.
+    uint64_t run(uint64_t q, uint64_t first, uint64_t count) const {
+      const uint64_t from = q * shard + first;
+      return end(q) > from ? std::min(end(q) - from, count) : 0;
+    }
+  };
+  Shards shards(uint64_t n, uint64_t itemsize) const {
+    const uint64_t lanes = 16 / itemsize;
+    return {n, lanes * ((n + lanes * o.world - 1) / (lanes * o.world)), o.world};
+  }
+
+  template <typename T>
+  bool shard_call(Rank &k, uint64_t c, const std::string &name) {
+    const bool gather = name == "allgather";
+    const bool wide = o.out == "f32";  // reduce_scatter's float32 sums
+    const uint64_t n = o.elements, lanes = 16 / sizeof(T);
+    const Shards sh = shards(n, sizeof(T));
+    const uint64_t per_rank = (gather ? o.max_size : o.max_size / o.world) / sizeof(T);
+    const uint64_t most = std::min(sh.shard, per_rank / lanes * lanes);
+    if (most == 0 && sh.shard) usage("--max-size holds less than a pack per rank");
+    const std::string types = gather ? o.dtype : o.dtype + "_" + (wide ? "f32" : o.dtype);
+    const auto kernel = reinterpret_cast<ShardEntry>(entry(
+        (gather ? "pyar_all_gather_" : "pyar_reduce_scatter_") + types + "_w" +
+        std::to_string(o.world)));
+    const size_t out_size = wide ? sizeof(float) : sizeof(T);
+    const bool skipped = c == o.disagree_call;  // as in allreduce_call
+    if (skipped) std::memset(k.out.data(), 0xff, k.out.packs.size() * 16);
+    const std::vector<Pack16> before = k.out.packs;
+    const uint32_t first_chunk = k.call;
+    const T *x = k.x.as<T>();
+    for (uint64_t first = 0; first < sh.shard; first += most) {
+      const uint64_t count = std::min(most, sh.shard - first);
+      const InputTable *table = o.registered() ? &k.registered : &k.staged;
+      uint64_t in_offset = o.registered() ? first : 0, in_stride = 0;
+      if (gather) {
+        if (!o.registered())
+          std::memcpy(k.scratch(), x + first, sh.run(k.rank, first, count) * sizeof(T));
+      } else {
+        in_stride = o.registered() ? sh.shard : count;
+        for (uint64_t q = 0; !o.registered() && q < o.world; ++q)
+          std::memcpy(reinterpret_cast<char *>(k.scratch()) + q * count * sizeof(T),
+                      x + q * sh.shard + first, sh.run(q, first, count) * sizeof(T));
+      }
+      const uint64_t packs = count / lanes;
+      const uint64_t wanted =
+          std::max<uint64_t>(1, (packs + pyar::kThreads - 1) / pyar::kThreads);
+      const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, wanted));
+      const uint32_t call = k.call++;
+      char *dst = k.out.as<char>() + (gather ? 0 : first * out_size);
+      const uint64_t sig = signature_of(k.rank, c, name, n);
+      host::launch(blocks, pyar::kThreads, [&] {
+        kernel(table, in_offset, in_stride, dst, &k.state, n, sh.shard, first, count, timeout_ns,
+               sig, call);
+      });
+      ++k.chunks;
+    }
+    if (skipped) k.touched += changed(before, k.out);
+    if (record_failure(k, first_chunk, [&](uint32_t rank, uint64_t) {
+          return signature_of(rank, c, name, n);
+        }))
+      return false;
+    if (skipped) return false;  // nobody noticed: the control build
+    if (gather) {
+      const T *out = k.out.as<T>();
+      for (uint64_t q = 0; q < o.world; ++q)
+        for (uint64_t i = sh.begin(q); i < sh.end(q); ++i) {
+          const float want = float(pattern(o.seed, uint32_t(q), c, i));
+          if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
+        }
+      return true;
+    }
+    for (uint64_t i = sh.begin(k.rank); i < sh.end(k.rank); ++i) {
+      const uint64_t j = i - sh.begin(k.rank);
+      const float got = wide ? k.out.as<float>()[j] : value<T>(k.out.as<T>()[j]);
+      if (got != exact_sum<T>(c, i)) mismatch(k, c, i, got, exact_sum<T>(c, i));
     }
     return true;
   }
@@ -486,7 +687,7 @@ struct Run {
       usage("--hidden too large for an exact float32 sum of squares");
     for (Rank &k : ranks) {
       k.x = Memory(n * sizeof(T));
-      k.out = Memory(n * sizeof(T));
+      k.out = Memory(n * sizeof(float));  // reduce_scatter may sum 16-bit inputs into float32
       k.residual = Memory(n * sizeof(T));
       k.y = Memory(n * sizeof(T));
       k.weight = Memory(o.hidden * sizeof(T));
@@ -520,6 +721,12 @@ int main(int argc, char **argv) {
   if (o.unsigned_reached)
     usage("--reached needs -DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached");
 #endif
+#if defined(PYAR_TEST_IGNORE_SIGNATURE)
+  host::ignore_signature = o.ignore_signature;
+#else
+  if (o.ignore_signature)
+    usage("--signature-check off needs -DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature");
+#endif
   Run run(o);
   const auto started = std::chrono::steady_clock::now();
   if (o.dtype == "f32") run.run<float>();
@@ -528,6 +735,7 @@ int main(int argc, char **argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   uint64_t mismatches = 0, timeouts = 0, chunks = 0;
+  uint64_t disagreements = 0, bad_records = 0, touched = 0;
   std::string first, missing, timed_out_calls;
   uint32_t never_arrived = 0;
   for (const Rank &k : run.ranks) {
@@ -537,6 +745,9 @@ int main(int argc, char **argv) {
     mismatches += k.mismatches;
     timeouts += k.timeouts;
     chunks += k.chunks;
+    disagreements += k.disagreements;
+    bad_records += k.bad_records;
+    touched += k.touched;
     if (first.empty()) first = k.first_mismatch;
   }
   const RowGeometry row = run.ranks[0].geometry;  // fused only: the first launch's
@@ -546,10 +757,16 @@ int main(int argc, char **argv) {
       "{\"kernel\": \"%s\", \"world\": %u, \"dtype\": \"%s\", \"variant\": \"%s\", "
       "\"in_place\": %s, \"calls\": %u, \"launches\": %llu, \"mismatches\": %llu, "
       "\"timeouts\": %llu, \"missing\": [%s], \"timed_out_calls\": [%s], \"seconds\": %.2f, "
+      "\"disagreements\": %llu, \"bad_records\": %llu, \"touched\": %llu, "
       "\"packs_per_thread\": %u, \"threads\": %u, \"blocks\": %u, \"first_mismatch\": \"%s\"}\n",
       o.kernel.c_str(), o.world, o.dtype.c_str(), o.variant.c_str(),
       o.in_place ? "true" : "false", o.calls, (unsigned long long)chunks,
       (unsigned long long)mismatches, (unsigned long long)timeouts, missing.c_str(),
-      timed_out_calls.c_str(), seconds, row.per_thread, row.threads, row.blocks, first.c_str());
-  return mismatches == 0 && timeouts == 0 ? 0 : 1;
+      timed_out_calls.c_str(), seconds, (unsigned long long)disagreements,
+      (unsigned long long)bad_records, (unsigned long long)touched, row.per_thread, row.threads,
+      row.blocks, first.c_str());
+  const uint64_t disagreed = o.disagree_call < o.calls ? o.world : 0;  // every rank records it
+  const bool ok = mismatches == 0 && timeouts == 0 && disagreements == disagreed &&
+                  bad_records == 0 && touched == 0;
+  return ok ? 0 : 1;
 }

@@ -35,6 +35,7 @@
 #define gridDim (::pyar::host::this_block()->grid)
 #define __syncthreads() ((void)::pyar::host::sync_block(1))
 #define __syncthreads_and(vote) (::pyar::host::sync_block(vote))
+#define __syncthreads_or(vote) (!::pyar::host::sync_block(!(vote)))
 
 // Few threads per block keep a TSan run short; the GPU build keeps its own.
 #ifndef PYAR_THREADS
