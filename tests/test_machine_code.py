@@ -115,10 +115,17 @@ def test_check_catches_the_dropped_release_wait(amd_without_release_wait):
     if not caught and not sole_compiler_is_clang19():
         pytest.skip("this compiler keeps the wait even without the workaround: the negative "
                     "fixture has nothing to show (the mutation tests still do)")
-    # clang-19 drops the wait after every system-scope release, on every arch.
+    # clang-19 drops the wait after a system-scope release when its own model of the
+    # thread's memory accesses has none in flight: one of every two-shot kernel's three
+    # barriers, on every arch.  (Where the compiler still counts an access in
+    # flight -- the signature's store before the start flag, the output's stores before the
+    # exit flag: pyar's wait in sync_block_before_release is inline assembly it does not
+    # model -- it keeps a wait of its own.)
     for arch, kernel, releases, _, problems in rows:
-        assert releases > 0 and len(problems) == releases, (arch, kernel, problems)
+        assert releases > 0 and all("without s_waitcnt vmcnt(0)" in p for p in problems)
     assert {arch for arch, _ in caught} == set(HIP_ARCHS)
+    assert {kernel for _, kernel in caught} == {kernel for _, kernel, *_ in rows
+                                                if kernel.startswith("pyar_allreduce_two_shot")}
 
 
 @needs_objdump
@@ -147,10 +154,19 @@ def test_check_catches_mutated_machine_code(amd_bundles, arch):
     _, _, problems = mc.check_amd_kernel(no_wait, arch)
     assert len(problems) == releases and all("without s_waitcnt" in p for p in problems)
 
-    # the waves' own waits before the block barrier go
-    no_block_wait = [ins for i, ins in enumerate(code)
-                     if not (ins.mnemonic == "s_waitcnt" and "vmcnt(0)" in ins.operands
-                             and any(later.mnemonic == "s_barrier" for later in code[i + 1:i + 4]))]
+    # the waves' own waits before the block barrier go: the last vmcnt(0) wait before
+    # each s_barrier with no vector memory access between them
+    block_waits = set()
+    for j, instruction in enumerate(code):
+        if instruction.mnemonic != "s_barrier":
+            continue
+        for i in range(j - 1, -1, -1):
+            if mc.is_vector_memory(code[i]):
+                break
+            if code[i].mnemonic == "s_waitcnt" and "vmcnt(0)" in code[i].operands:
+                block_waits.add(i)
+                break
+    no_block_wait = [ins for i, ins in enumerate(code) if i not in block_waits]
     _, _, problems = mc.check_amd_kernel(no_block_wait, arch)
     assert problems and all("reaches it without s_waitcnt vmcnt(0)" in p for p in problems)
 

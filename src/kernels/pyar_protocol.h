@@ -140,18 +140,26 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
   if (phase == PYAR_TEST_SKIP_PHASE) return true;
 #endif
   if (phase == kStart && block_failed()) return false;
+  const uint32_t peer = threadIdx.x;
+  uint32_t *flag = nullptr;
+  const uint32_t *mine = nullptr;
+  const uint64_t *published = nullptr;
+  if (peer < W) {
+    // Every address first: after the flag's acquire a load of the state
+    // (which the stores might alias) would cost a round trip of its own.
+    // The loads and the signature's store complete at the block's
+    // synchronization, so nothing but the release is in flight at the flag
+    // store (what the negative fixture of the machine-code check relies on).
+    Signal *const theirs_signal = s.signals[peer], *const my_signal = s.signals[s.rank];
+    flag = &theirs_signal->flags[phase][blockIdx.x][s.rank];
+    mine = &my_signal->flags[phase][blockIdx.x][peer];
+    published = &my_signal->signature[epoch & 1][blockIdx.x][peer];
+    if (phase == kStart) theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
+  }
   sync_block_before_release();  // the block's earlier reads and writes precede the release
   int arrived = 1, differs = 0;
   uint64_t theirs = 0;
-  if (threadIdx.x < W) {
-    const uint32_t peer = threadIdx.x;
-    // Every address first: after the flag's acquire a load of the state
-    // (which the stores might alias) would cost a round trip of its own.
-    Signal *const theirs_signal = s.signals[peer], *const my_signal = s.signals[s.rank];
-    uint32_t *const flag = &theirs_signal->flags[phase][blockIdx.x][s.rank];
-    const uint32_t *const mine = &my_signal->flags[phase][blockIdx.x][peer];
-    const uint64_t *const published = &my_signal->signature[epoch & 1][blockIdx.x][peer];
-    if (phase == kStart) theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
+  if (peer < W) {
     store_release_system(flag, epoch);
     if (!reached(load_acquire_system(mine), epoch)) {
       const uint64_t since = now_ns();
