@@ -144,11 +144,13 @@ class HierarchicalCommunicator:
         if self._failure is not None:
             raise self._failure
 
-    def _fail(self, exc):
+    def _fail(self, exc, what=None):
         """The error to raise for a failed step, the domain's rank numbers
-        turned into the caller's; it fails the communicator."""
+        turned into the caller's and the call named as the caller made it
+        (``what``); it fails the communicator."""
         if exc is not self._rail.failure:
-            exc = CollectiveTimeout(exc.call, [self._domain_ranks[r] for r in exc.missing],
+            call = exc.call if what is None else f"{what}, in its {exc.call}"
+            exc = CollectiveTimeout(call, [self._domain_ranks[r] for r in exc.missing],
                                     self.rank, exc.timeout, exc.late)
         self._failure = self._failure or exc
         return exc
@@ -213,7 +215,7 @@ class HierarchicalCommunicator:
         try:
             self._pipeline(x.ravel(), out.ravel(), source, what)
         except CollectiveTimeout as exc:
-            raise self._fail(exc) from None
+            raise self._fail(exc, what) from None
         return out
 
     def _pipeline(self, x, out, stream, what):
@@ -247,12 +249,14 @@ class HierarchicalCommunicator:
         """Once the piece's shard is on the host: its sum over the rail, the
         copy back and the domain's all-gather into ``out``, queued."""
         buffers["done"].synchronize()
+        if self.local.world > 1:
+            # Before the views of pinned memory exist: a failure's traceback
+            # would keep them, and with them the memory, from being freed.
+            self._check_local()
         lo, hi = shards.bounds(count, self.local.world, out.dtype.itemsize, self.local.rank)
         result = _host(buffers["result_host"], hi - lo, out.dtype)
         send = _host(buffers["send"], rail.send_capacity(hi - lo, self.domains), np.float32)
-        if self.local.world > 1:
-            self._check_local()
-        elif out.dtype != np.float32:
+        if self.local.world == 1 and out.dtype != np.float32:
             np.copyto(send[:count], result)
         self._rail.sum(send, result, what)
         target = out.ptr + first * out.dtype.itemsize
