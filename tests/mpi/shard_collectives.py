@@ -376,12 +376,20 @@ def adversarial_mode(sc):
 
 
 def control_mode(sc, kernels_path):
+    """Each operation escalates through the levels on its own until one of its
+    variants shows a wrong result (or the time is spent): the two operations
+    read peers' buffers differently, so one may need more disturbance."""
     comm, kernels, streams = connect(kernels_path, CONTROL_TIMEOUT)
     started = time.monotonic()
     detected = timeouts = calls_total = 0
     dtype = DTYPES[0]
-    for li, level in enumerate(CONTROL_LEVELS):
-        for o, operation in enumerate(OPERATIONS):
+
+    def spent():
+        return sc.max(time.monotonic() - started) > CONTROL_SECONDS
+
+    for o, operation in enumerate(OPERATIONS):
+        seen = 0
+        for li, level in enumerate(CONTROL_LEVELS):
             for v, variant in enumerate(VARIANTS):
                 key = (o, v, 40 + li)
                 work = Workload(sc, comm, kernels, streams, operation, variant, dtype, level,
@@ -398,17 +406,18 @@ def control_mode(sc, kernels_path):
                         comm, kernels, streams = connect(kernels_path, CONTROL_TIMEOUT)
                         work = Workload(sc, comm, kernels, streams, operation, variant, dtype,
                                         level, key)
-                    if found or sc.max(time.monotonic() - started) > CONTROL_SECONDS:
+                    if found or spent():
                         break
                 del work
-                detected += found
+                seen += found
                 timeouts += broken
                 calls_total += calls
                 sc.report(test="shards-control", operation=operation, variant=variant,
                           level=li, calls=calls, mismatches=found, timeouts=broken,
                           seconds=round(sc.max(time.monotonic() - started), 2))
-        if detected or sc.max(time.monotonic() - started) > CONTROL_SECONDS:
-            break  # escalate only while nothing was seen
+            if seen or spent():
+                break  # escalate only while nothing was seen for this operation
+        detected += seen
     sc.report(test="shards-control-total", calls=calls_total, mismatches=detected,
               timeouts=timeouts, seconds=round(sc.max(time.monotonic() - started), 2))
     comm.close()
