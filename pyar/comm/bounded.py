@@ -39,15 +39,30 @@ _TAGS = 1 << 15      # MPI guarantees tags below 32768
 _ABANDONED: list = []  # requests and communicators a timeout left behind
 
 
-def _completes(request, deadline):
-    """Whether ``request`` completes before ``deadline`` (time.monotonic)."""
+def completes(request, deadline, spin=0.0):
+    """Whether ``request`` completes before ``deadline`` (time.monotonic).
+
+    Tested without pause for its first ``spin`` seconds, then with pauses
+    doubling from _FIRST_PAUSE to _LAST_PAUSE.  Open MPI progresses a
+    non-blocking collective only inside calls like Test (no progress thread
+    by default), so a data-moving step that must not stall spins; a step
+    that only waits for peers to arrive sleeps at once."""
+    spin_until = time.monotonic() + spin
     pause = _FIRST_PAUSE
     while not request.Test():
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return False
-        time.sleep(pause)
-        pause = min(2 * pause, _LAST_PAUSE)
+        if now >= spin_until:
+            time.sleep(pause)
+            pause = min(2 * pause, _LAST_PAUSE)
     return True
+
+
+def abandon(*left):
+    """Keep what a timed-out step left behind (requests MPI may still
+    progress, their buffers, their communicator) referenced for good."""
+    _ABANDONED.append(left)
 
 
 def _agree_in_time(comm, finished, deadline):
@@ -58,9 +73,9 @@ def _agree_in_time(comm, finished, deadline):
     request = comm.Iallreduce(vote, everyone, op=MPI.LAND)
     # Every rank posted the vote right after its own step: this wait is short
     # unless a rank died in between.
-    if finished and _completes(request, deadline):
+    if finished and completes(request, deadline):
         return bool(everyone[0])
-    _ABANDONED.append((request, vote, everyone))  # MPI may still write `everyone`
+    abandon(request, vote, everyone)  # MPI may still write `everyone`
     return False
 
 
@@ -71,9 +86,9 @@ def arrive(comm, step, timeout):
     tokens on the caller's communicator could be taken by its own receives."""
     deadline = time.monotonic() + timeout
     barrier = comm.Ibarrier()
-    finished = _completes(barrier, deadline)
+    finished = completes(barrier, deadline)
     if not finished:
-        _ABANDONED.append(barrier)
+        abandon(barrier)
     if not _agree_in_time(comm, finished, deadline + timeout):
         raise CollectiveTimeout(f"{step} (host-side exchange)", (), comm.Get_rank(), timeout,
                                 late=finished)
@@ -113,7 +128,7 @@ class BoundedComm:
     def abandon(self):
         """Leave the MPI communicator behind without another collective step
         (``Communicator.abort``); it is never used or freed again."""
-        _ABANDONED.append((self._comm, self._tokens))
+        abandon(self._comm, self._tokens)
 
     def step(self, name):
         """``with node.step("register"):`` -- the collectives inside report
@@ -151,11 +166,11 @@ class BoundedComm:
         tokens = [self._tokens.Irecv(np.empty(0, np.uint8), source=p, tag=tag) for p in peers]
         deadline = time.monotonic() + self.timeout
         request = start()
-        finished = _completes(request, deadline)
+        finished = completes(request, deadline)
         if _agree_in_time(self._comm, finished, deadline + self.timeout):
             MPI.Request.Waitall(sends + tokens)  # posted before the step by every peer
             return
-        _ABANDONED.append((request, sends, tokens))
+        abandon(request, sends, tokens)
         missing = [p for p, token in zip(peers, tokens) if not token.Test()]
         for p, token in zip(peers, tokens):
             if p in missing:

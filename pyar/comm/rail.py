@@ -23,17 +23,13 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from pyar.comm import bounded
 from pyar.comm.errors import CollectiveTimeout
 
 METHODS = ("auto", "allgather", "reduce_scatter")
-# MPI progresses a non-blocking collective only inside calls like Test (Open
-# MPI has no progress thread by default): a rank that sleeps between tests
-# stalls every step of the algorithm.  So a step is tested without pause for
-# its first second, the whole of any step that is not waiting for a late peer.
-_SPIN = 1.0            # seconds of busy testing before a pending step starts to sleep
-_FIRST_PAUSE = 1e-4    # then sleeps this long between tests, doubling
-_LONGEST_PAUSE = 1e-3  # up to this
-_ABANDONED: list = []  # requests (with their buffers) and rails a timeout left behind
+# Tested without pause for its first second (bounded.completes says why):
+# the whole of any step that is not waiting for a late peer.
+_SPIN = 1.0
 
 
 def choose(method, domains):
@@ -98,21 +94,14 @@ class Rail:
         return buffer[:elements]
 
     def _complete(self, request, buffer, what):
-        deadline = time.monotonic() + self.wait
-        spin_until = time.monotonic() + _SPIN
-        pause = _FIRST_PAUSE
-        while not request.Test():
-            now = time.monotonic()
-            if now >= deadline:
-                _ABANDONED.append((request, buffer, self.comm))
-                self._buffers.clear()  # MPI may still write the old ones
-                self.failure = CollectiveTimeout(
-                    f"{what} (inter-node step over the rail of ranks "
-                    f"{', '.join(map(str, self.ranks))})", (), self.rank, self.wait)
-                raise self.failure
-            if now >= spin_until:
-                time.sleep(pause)
-                pause = min(2 * pause, _LONGEST_PAUSE)
+        if bounded.completes(request, time.monotonic() + self.wait, spin=_SPIN):
+            return
+        bounded.abandon(request, buffer, self.comm)
+        self._buffers.clear()  # MPI may still write the old ones
+        self.failure = CollectiveTimeout(
+            f"{what} (inter-node step over the rail of ranks "
+            f"{', '.join(map(str, self.ranks))})", (), self.rank, self.wait)
+        raise self.failure
 
     def free(self):
         """Collective over the rail, unless it failed: then it is kept."""
