@@ -174,12 +174,21 @@ class HierarchicalCommunicator:
         """Register ``x`` with the domain's communicator (collective over the
         domain), so that its reduce-scatters read it in place: each piece of
         it, which is what they are given."""
+        for piece in self._pieces(x):
+            self.local.register(piece)
+
+    def unregister(self, x):
+        """Undo ``register(x)`` (collective over the domain, as
+        Communicator.unregister)."""
+        for piece in self._pieces(x):
+            self.local.unregister(piece)
+
+    def _pieces(self, x):
         self._check_usable()
         x = self.local._device_array(x, "x").ravel()
         piece = self.local.world * self._piece_shard
-        for first in range(0, x.size, piece):
-            count = min(piece, x.size - first)
-            self.local.register(_view(x.ptr + first * x.dtype.itemsize, count, x.dtype, x))
+        return [_view(x.ptr + first * x.dtype.itemsize, min(piece, x.size - first), x.dtype, x)
+                for first in range(0, x.size, piece)]
 
     def capture(self, stream, mode="global"):
         raise CaptureError(self._capture_message())
@@ -299,20 +308,33 @@ class HierarchicalCommunicator:
     def close(self):
         """Collective: close the domain's communicator (which waits for this
         rank's work), then free the host and device buffers and the rail."""
+        if self._end(self.local.close):
+            self._rail.free()
+            if self._everyone is not None:
+                self._everyone.Free()
+
+    def abort(self):
+        """Give up at once, with no collective step: the domain's communicator
+        aborts (Communicator.abort says what peers see and how survivors go
+        on).  The rail's and the PYAR_DEBUG check's MPI communicators stay
+        allocated (freeing one is collective), and after a failed inter-node
+        step so do the pinned buffers MPI may still write."""
+        self._end(self.local.abort)
+
+    def _end(self, end_local):
+        """Close or abort (``end_local``) once; whether it ran now."""
         if self._closed:
-            return
+            return False
         self._closed = True
         self._finalizer.detach()
         try:
-            self.local.close()
+            end_local()
         finally:
             self._idle.close()
             if self._rail.failure is None:
                 self._resources.release()
             # else kept: an abandoned MPI request may still use the pinned buffers
-            self._rail.free()
-            if self._everyone is not None:
-                self._everyone.Free()
+        return True
 
     def __enter__(self):
         return self

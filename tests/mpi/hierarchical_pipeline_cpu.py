@@ -21,7 +21,9 @@ place, both rail methods:
   raises ValueError; with debug=True, different sizes on different domains
   raise MismatchError on every rank;
 - the last domain skips a call: every other rank raises CollectiveTimeout
-  naming the inter-node step within its wait, and again on the next call.
+  naming the inter-node step within its wait, and again on the next call;
+- register and unregister hand the domain's communicator the same pieces;
+  abort() closes through the domain's abort, with no MPI step.
 
 Usage: hierarchical_pipeline_cpu.py
 """
@@ -146,6 +148,8 @@ class FakeLocal:
         assert gpu_sharers == MPI.COMM_WORLD.Get_size(), "not every rank on the GPU counted"
         self.device, self.max_size, self.timeout = 0, max_size, timeout
         self.debug = bool(debug)
+        self.registered = []
+        self.aborted = False
 
     def _device_array(self, x, what):
         return x
@@ -172,10 +176,16 @@ class FakeLocal:
         pass
 
     def register(self, x):
-        pass
+        self.registered.append((x.ptr, x.size))
+
+    def unregister(self, x):
+        self.registered.remove((x.ptr, x.size))
 
     def close(self):
         self.comm.Free()
+
+    def abort(self):
+        self.aborted = True
 
 
 def inputs(dtype, n, rank, key):
@@ -275,6 +285,29 @@ def check_timeout(sc, k):
     sc.check(comm.closed, "not closed")
 
 
+def check_registration_and_abort(sc, k):
+    """register and unregister hand the domain's communicator the same pieces;
+    abort() gives up through the domain's abort and closes, with no MPI step
+    (the ranks abort at different times here)."""
+    comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=30.0, node_size=k)
+    x = device_array(np.ones(1000, np.float32))
+    comm.register(x)
+    pieces = list(comm.local.registered)
+    sc.check(sum(size for _, size in pieces) == x.size and len(pieces) > 1,
+             f"registered pieces {pieces}")
+    y = comm.allreduce(x, out=x)
+    sc.check(np.array_equal(host_view(y.ptr, 1000, np.dtype(np.float32)),
+                            np.full(1000, sc.world, np.float32)), "wrong sum, registered")
+    comm.unregister(x)
+    sc.check(comm.local.registered == [], f"left registered: {comm.local.registered}")
+    time.sleep(0.01 * sc.rank)
+    comm.abort()
+    sc.check(comm.closed and comm.local.aborted, "abort did not close or abort the domain's")
+    sc.expect_raises(ValueError, lambda: comm.allreduce(x), "a call after abort",
+                     contains=("closed",))
+    comm.abort()  # again: nothing to do
+
+
 def main(sc):
     hierarchical._hip = FakeHip
     hierarchical.Communicator = FakeLocal
@@ -291,8 +324,9 @@ def main(sc):
         calls += check_sums(sc, comm, shape)
         check_errors(sc, comm, shape)
         comm.close()
+    check_registration_and_abort(sc, sizes[-1])
     check_debug(sc, sizes[-1])
-    check_timeout(sc, sizes[-1])
+    check_timeout(sc, sizes[-1])  # last: the failed rails stay behind
     sc.report(test="hierarchical-pipeline", shapes=len(sizes), calls=calls)
 
 
