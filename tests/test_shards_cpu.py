@@ -25,6 +25,7 @@ pytest.importorskip("mpi4py")
 import pyar  # noqa: E402
 from pyar.comm import communicator, layout, shards  # noqa: E402
 from tests.mpi_launch import ROOT  # noqa: E402
+from tests.test_comm_cpu import _RecordingModule  # noqa: E402
 
 F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 DTYPES = (F32, F16, BF16)
@@ -531,15 +532,6 @@ def _shard_entries(source):
             for world in worlds:
                 entries[f"pyar_{operation}_{name}_w{world}"] = kinds
     return entries
-
-
-class _RecordingModule:
-    def __init__(self):
-        self.requests = []
-
-    def get_function(self, name, argtypes=()):
-        self.requests.append((name, tuple(argtypes)))
-        return object()
 
 
 def test_host_asks_for_exactly_the_shard_kernels_the_source_defines():
