@@ -22,6 +22,9 @@ when the timing goes wrong as on the GPU. Hence:
     16-bit inputs, counts that leave shards short or empty), also across the 32-bit wrap of
     the per-block epochs (whose control, an epoch comparison that
     is not wrap-safe, must be caught);
+  - a kernel that never waits at `mid`, run after 2**31 calls that left the `mid` slots
+    alone, keeps them current for the next kernel that does (whose control, start barriers
+    without those stores, must be caught);
   - a rank that stops calling makes its peers' bounded spins give up, and their error
     records name it;
   - ranks whose calls disagree (another call signature on one rank) all record the
@@ -53,7 +56,8 @@ pytestmark = pytest.mark.skipif(
 CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
             "-DPYAR_TEST_SKIP_PHASE=host::skipped_phase",
             "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached",
-            "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature", "-Wall", "-Wno-unknown-pragmas"]
+            "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature",
+            "-DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill", "-Wall", "-Wno-unknown-pragmas"]
 # halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
 # report from a wrong sum (1) or bad usage (2).
 TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
@@ -241,6 +245,26 @@ def test_epoch_wrap_catches_a_comparison_that_is_not_wrap_safe(driver):
     assert across.caught, f"an unsigned epoch comparison across the wrap went unseen: {across.row}"
     from_zero = run(driver, "oneshot", 4, "--reached", "unsigned", "--calls", 8, *DELAYS)
     assert_clean(from_zero, "an unsigned epoch comparison far from the wrap")
+
+
+# Each kernel that never waits at `mid`, taking turns with one that does.
+IDLE_MID_THEN_MID = ("oneshot+twoshot", "onestage+twostage", "reducescatter+twoshot",
+                     "allgather+twostage")
+
+
+@pytest.mark.parametrize("kernels", IDLE_MID_THEN_MID)
+def test_idle_phase_slots_are_kept_current(driver, kernels):
+    """The `mid` slots start 2**31 calls older than the epoch (--stale mid: as if that many
+    calls of kernels without `mid` had run since the last one with it), across the 32-bit
+    wrap. The first call, a kernel without `mid`, stores the epoch into them at its start
+    barrier, so the second call's `mid` waits for its peers: zero reports, exact results.
+    The control: start barriers without those stores (PYAR_TEST_NO_IDLE_FILL) leave the
+    slots looking reached, `mid` passes at once and a rank reads shards not yet written."""
+    options = ("--epoch-start", WRAP_START, "--stale", "mid", "--calls", 6,
+               "--timeout-ms", 2000, *DELAYS)
+    assert_clean(run(driver, kernels, 4, *options), f"{kernels} after 2**31 calls without mid")
+    control = run(driver, kernels, 4, *options, "--idle-fill", "off")
+    assert control.caught, f"{kernels}: stale mid slots went unseen: {control.row}"
 
 
 @pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])

@@ -22,7 +22,7 @@ PYAR_DEVICE void one_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
                           const CommState *state, uint64_t n, const CallInfo &info) {
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
@@ -50,7 +50,7 @@ PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
                           const CommState *state, uint64_t n, const CallInfo &info) {
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kNoIdlePhase>(s, epoch, info)) {
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;

@@ -468,7 +468,7 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, uint64_t to
   res.load(ctx.cols, a.residual, first_row(tokens));
   const PeerRows<T, P, W> rows{RankTable<W>::template fill<0>(in->ptr, in_offset)};
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     norm_rows<T, P, Q>(rows, tokens, a, ctx, res);
     exit_barrier<W>(s, epoch, info);
   }
@@ -511,7 +511,7 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t to
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kNoIdlePhase>(s, epoch, info)) {
     reduce_scatter_rows<T, P, W>(src, gather, tokens, a.hidden >> kLaneShift<T>, s);
     // Ordering.  Block b of every rank stores the sums of block b's rows
     // (rows b, b + G, ..: the rows norm_rows gives block b) and nothing
@@ -570,7 +570,7 @@ PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, uint64_t
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleEnd>(s, epoch, info)) {
     reduce_scatter_rows<T, P, W>(src, gather, tokens, hidden >> kLaneShift<T>, s);
     fence_system();  // as in two_stage: the stores to peers precede `mid`
     mid_barrier<W>(s, epoch, info);

@@ -108,6 +108,50 @@ PYAR_DEVICE bool reached(uint32_t value, uint32_t epoch) {
 #define PYAR_TEST_SKIP_PHASE kEnd
 #endif
 
+// The phases a kernel never waits at, one bit each (1 << phase), a
+// compile-time property of the kernel: its start barrier keeps their slots
+// current (keep_idle_slots_current).
+constexpr uint32_t kNoIdlePhase = 0, kIdleMid = 1u << kMid, kIdleEnd = 1u << kEnd;
+
+// Keeps this rank's slots at a peer current for the phases this kernel never
+// waits at: `reached` is wrap-safe only while every slot holds an epoch less
+// than 2^31 calls old, and a slot no call of a long run of, say, one-shot
+// calls stored into would look reached after 2^31 of them -- the next
+// two-shot call's `mid` would pass without waiting for its peers' shards.
+// With these stores every slot of the block is at most one call old.
+//
+// Relaxed (volatile) stores are enough, and a filler never lets a waiting
+// barrier pass early.  Rank r stores epoch e into its (phase X, block) slot
+// at peer p only at the start of its call e, after its call e-1 returned; and
+// r passed the start barrier of e-1 only after p's start flag of e-1, so p
+// has finished call e-2.  Where can p wait on that slot?
+//  - in call e: not at X; every rank runs the same kernel (a peer making
+//    another call fails the start barrier's signature check and waits
+//    nowhere after it);
+//  - in a later call: for an epoch after e, which e has not reached;
+//  - in call e-1, at X: then r passed X of e-1 itself and stored e-1 there
+//    with a release before (in its previous kernel) -- the barrier's
+//    condition, r arrived, holds already.  And the filler carries the
+//    release's ordering: it is later in the slot's coherence order, stored
+//    by r after the kernel whose release made every access before it
+//    performed system-wide (the C++ release sequence before C++20; PTX's
+//    release on M followed by a strong write on M; ThreadSanitizer keeps the
+//    release's clock on the slot across a relaxed store).
+// The stores are issued with the signature's, before the block's
+// synchronization: like it, they complete there, and nothing but the
+// release is in flight at the start flag's store.
+template <uint32_t kIdle>
+PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t epoch) {
+  static_assert((kIdle & ~(kIdleMid | kIdleEnd)) == 0, "only mid and end may be idle");
+#if defined(PYAR_TEST_NO_IDLE_FILL)  // the stale-slot tests' positive control
+  if (PYAR_TEST_NO_IDLE_FILL) return;
+#endif
+  if constexpr ((kIdle & kIdleMid) != 0)
+    store_volatile(&theirs->flags[kMid][blockIdx.x][rank], epoch);
+  if constexpr ((kIdle & kIdleEnd) != 0)
+    store_volatile(&theirs->flags[kEnd][blockIdx.x][rank], epoch);
+}
+
 // Whether an earlier call of this block failed (BlockEpoch::begin reads it).
 PYAR_DEVICE uint32_t &block_failed() {
   __shared__ uint32_t failed;
@@ -134,7 +178,8 @@ PYAR_DEVICE bool disagree(uint64_t theirs, uint64_t mine) {
 //
 // Returns whether every peer arrived (and, at the start barrier, made the
 // same call); when not, the block skips the rest of the call.
-template <int W>
+// kIdle: at the start barrier, the kernel's idle phases (keep_idle_slots_current).
+template <int W, uint32_t kIdle = kNoIdlePhase>
 PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const CallInfo &info) {
 #if defined(PYAR_TEST_SKIP_PHASE)
   if (phase == PYAR_TEST_SKIP_PHASE) return true;
@@ -154,7 +199,10 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     flag = &theirs_signal->flags[phase][blockIdx.x][s.rank];
     mine = &my_signal->flags[phase][blockIdx.x][peer];
     published = &my_signal->signature[epoch & 1][blockIdx.x][peer];
-    if (phase == kStart) theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
+    if (phase == kStart) {
+      theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
+      keep_idle_slots_current<kIdle>(theirs_signal, s.rank, epoch);
+    }
   }
   sync_block_before_release();  // the block's earlier reads and writes precede the release
   int arrived = 1, differs = 0;
@@ -287,6 +335,12 @@ struct BlockEpoch {
     if (threadIdx.x == 0) s.signals[s.rank]->epoch[blockIdx.x] = epoch;
   }
 };
+
+// Every kernel opens with this, naming the phases it never waits at.
+template <int W, uint32_t kIdle>
+PYAR_DEVICE bool start_barrier(const CommState &s, uint32_t epoch, const CallInfo &info) {
+  return barrier<W, kIdle>(s, kStart, epoch, info);
+}
 
 template <int W>
 PYAR_DEVICE void exit_barrier(const CommState &s, uint32_t epoch, const CallInfo &info) {

@@ -36,6 +36,10 @@
 //   --blocks N     the grid cap (Communicator._max_blocks), in blocks of
 //                  kThreads; row_launch scales it to the row blocks   (3)
 //   --epoch-start E    every block's epoch starts at E (and every flag holds it)
+//   --stale mid | exit   that phase's slots start 2^31 calls older than the
+//                  epoch (as if the calls since its last use had not touched it)
+//   --idle-fill off    start barriers leave their kernel's idle phases' slots
+//                      as they are (the control of --stale)
 //   --skip start | mid | exit   leave that barrier out (a mutation run)
 //   --absent R.C   rank R makes no call from its call C on (the peers time out)
 //   --reached unsigned   compare epochs as plain unsigned numbers (not wrap-safe)
@@ -62,6 +66,9 @@ inline bool unsigned_reached = false;
 // Whether the start barrier ignores the call signatures (--signature-check
 // off), with -DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature.
 inline bool ignore_signature = false;
+// Whether start barriers leave the slots of their kernel's idle phases as
+// they are (--idle-fill off), with -DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill.
+inline bool no_idle_fill = false;
 }  // namespace host
 }  // namespace pyar
 
@@ -171,6 +178,8 @@ struct Options {
   uint32_t disagree_rank = ~0u;
   uint64_t disagree_call = ~0ull;
   bool ignore_signature = false;
+  int stale = -1;
+  bool no_idle_fill = false;
 
   std::vector<std::string> kernels;  // call c runs kernels[c % size]
 
@@ -232,6 +241,8 @@ Options parse(int argc, char **argv) {
     else if (key == "--epoch-start")
       o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
     else if (key == "--skip") o.skip = phase(value);
+    else if (key == "--stale") o.stale = phase(value);
+    else if (key == "--idle-fill") o.no_idle_fill = value == "off";
     else if (key == "--absent") std::tie(o.absent_rank, o.absent_call) = rank_and_call(key, value);
     else if (key == "--disagree")
       std::tie(o.disagree_rank, o.disagree_call) = rank_and_call(key, value);
@@ -257,6 +268,8 @@ Options parse(int argc, char **argv) {
     usage("one-shot cannot write in place over a registered input");
   if (o.max_size % sizeof(Pack16) || o.max_size == 0) usage("--max-size is a multiple of 16");
   if (o.blocks == 0 || o.blocks > uint32_t(pyar::kMaxBlocks)) usage("--blocks is 1..256");
+  if (o.stale >= 0 && !o.set_epoch) usage("--stale needs --epoch-start");
+  if (o.stale == pyar::kStart) usage("--stale is mid or exit: every kernel waits at start");
   return o;
 }
 
@@ -337,7 +350,7 @@ struct Run {
       Rank &k = ranks[r];
       k.rank = r;
       k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size);
-      if (o.set_epoch) start_epochs(k.signal(), o.epoch_start);
+      if (o.set_epoch) start_epochs(k.signal(), o.epoch_start, o.stale);
     }
     for (uint32_t r = 0; r < o.world; ++r) {
       Rank &k = ranks[r];
@@ -353,12 +366,14 @@ struct Run {
     }
   }
 
-  // The test hook of epoch wrap: as if this many calls had run already.
-  static void start_epochs(pyar::Signal *s, uint32_t epoch) {
+  // The test hook of epoch wrap: as if this many calls had run already, the
+  // last 2^31 of them (--stale) without storing into phase `stale`'s slots.
+  static void start_epochs(pyar::Signal *s, uint32_t epoch, int stale) {
     for (int b = 0; b < pyar::kMaxBlocks; ++b) {
       s->epoch[b] = epoch;
       for (int p = 0; p < pyar::kPhases; ++p)
-        for (int r = 0; r < pyar::kMaxRanks; ++r) s->flags[p][b][r] = epoch;
+        for (int r = 0; r < pyar::kMaxRanks; ++r)
+          s->flags[p][b][r] = p == stale ? epoch - (1u << 31) : epoch;
     }
   }
 
@@ -726,6 +741,11 @@ int main(int argc, char **argv) {
 #else
   if (o.ignore_signature)
     usage("--signature-check off needs -DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature");
+#endif
+#if defined(PYAR_TEST_NO_IDLE_FILL)
+  host::no_idle_fill = o.no_idle_fill;
+#else
+  if (o.no_idle_fill) usage("--idle-fill off needs -DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill");
 #endif
   Run run(o);
   const auto started = std::chrono::steady_clock::now();
