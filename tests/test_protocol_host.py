@@ -22,9 +22,9 @@ when the timing goes wrong as on the GPU. Hence:
     16-bit inputs, counts that leave shards short or empty), also across the 32-bit wrap of
     the per-block epochs (whose control, an epoch comparison that
     is not wrap-safe, must be caught);
-  - a kernel that never waits at `mid`, run after 2**31 calls that left the `mid` slots
-    alone, keeps them current for the next kernel that does (whose control, start barriers
-    without those stores, must be caught);
+  - a kernel that never waits at `mid` (or, split, at `exit`), run after 2**31 calls that
+    left those slots alone, keeps them current for the next kernel that does (whose
+    control, start barriers without those stores, must be caught);
   - a rank that stops calling makes its peers' bounded spins give up, and their error
     records name it;
   - ranks whose calls disagree (another call signature on one rank) all record the
@@ -158,7 +158,7 @@ def test_allreduce_clean_and_exact(driver, kernel, world):
         assert outcome.row["calls"] == 12
 
 
-FUSED = ("onestage", "twostage")
+FUSED = ("onestage", "twostage", "split")
 SHARDS = ("reducescatter", "allgather")
 # (options, (packs per thread, threads, blocks) of the first launch): float32 rows of 200,
 # 1000 and 2040 elements are 50, 250 and 510 packs, one, two and four a thread; the last
@@ -224,7 +224,7 @@ def test_half_types_clean_and_exact(driver, dtype):
             assert_geometry(outcome, geometry, f"{kernel} {dtype}")
 
 
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", *FUSED, *SHARDS])
 @pytest.mark.parametrize("variant", ["staged", "registered"])
 def test_epochs_across_the_32_bit_wrap(driver, kernel, variant):
     """Every block's epoch starts 4 calls before 2**32 (the test hook, as if 2**32 - 4 calls
@@ -247,24 +247,30 @@ def test_epoch_wrap_catches_a_comparison_that_is_not_wrap_safe(driver):
     assert_clean(from_zero, "an unsigned epoch comparison far from the wrap")
 
 
-# Each kernel that never waits at `mid`, taking turns with one that does.
-IDLE_MID_THEN_MID = ("oneshot+twoshot", "onestage+twostage", "reducescatter+twoshot",
-                     "allgather+twostage")
+# (kernels, phase): each kernel that never waits at a phase, taking turns with one whose
+# barrier there is needed (two-shot's exit barrier is redundant: it cannot show a stale
+# exit slot).
+IDLE_THEN_WAITING = (("oneshot+twoshot", "mid"), ("onestage+twostage", "mid"),
+                     ("reducescatter+twoshot", "mid"), ("allgather+twostage", "mid"),
+                     ("split+oneshot", "exit"), ("split+onestage", "exit"))
 
 
-@pytest.mark.parametrize("kernels", IDLE_MID_THEN_MID)
-def test_idle_phase_slots_are_kept_current(driver, kernels):
-    """The `mid` slots start 2**31 calls older than the epoch (--stale mid: as if that many
-    calls of kernels without `mid` had run since the last one with it), across the 32-bit
-    wrap. The first call, a kernel without `mid`, stores the epoch into them at its start
-    barrier, so the second call's `mid` waits for its peers: zero reports, exact results.
-    The control: start barriers without those stores (PYAR_TEST_NO_IDLE_FILL) leave the
-    slots looking reached, `mid` passes at once and a rank reads shards not yet written."""
-    options = ("--epoch-start", WRAP_START, "--stale", "mid", "--calls", 6,
+@pytest.mark.parametrize("kernels,phase", IDLE_THEN_WAITING)
+def test_idle_phase_slots_are_kept_current(driver, kernels, phase):
+    """The phase's slots start 2**31 calls older than the epoch (--stale: as if that many
+    calls of kernels not waiting there had run since the last one that did), across the
+    32-bit wrap. The first call, a kernel that never waits there, stores the epoch into them
+    at its start barrier, so the second call's barrier there waits for its peers: zero
+    reports, exact results. The control: start barriers without those stores
+    (PYAR_TEST_NO_IDLE_FILL) leave the slots looking reached, the barrier passes at once
+    and a rank reads shards not yet written (mid) or overwrites an input a peer still
+    reads (exit)."""
+    options = ("--epoch-start", WRAP_START, "--stale", phase, "--calls", 6,
                "--timeout-ms", 2000, *DELAYS)
-    assert_clean(run(driver, kernels, 4, *options), f"{kernels} after 2**31 calls without mid")
+    assert_clean(run(driver, kernels, 4, *options),
+                 f"{kernels} after 2**31 calls without {phase}")
     control = run(driver, kernels, 4, *options, "--idle-fill", "off")
-    assert control.caught, f"{kernels}: stale mid slots went unseen: {control.row}"
+    assert control.caught, f"{kernels}: stale {phase} slots went unseen: {control.row}"
 
 
 @pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
@@ -363,6 +369,7 @@ KERNEL_PHASES = {
     "twoshot": ("start", "mid", "exit"),
     "onestage": ("start", "exit"),
     "twostage": ("start", "mid", "exit"),
+    "split": ("start", "mid"),
     MIXED: ("start", "mid", "exit"),
     "reducescatter": ("start", "exit"),
     "allgather": ("start", "exit"),

@@ -20,7 +20,7 @@
 // (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | onestage | twostage | reducescatter |
+//   KERNEL     oneshot | twoshot | onestage | twostage | split | reducescatter |
 //              allgather, or several joined by '+' that take turns call by
 //              call (twoshot+twostage: two kernels sharing the partial region
 //              back to back)
@@ -100,6 +100,10 @@ using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16
                             const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *, uint32_t,
                             float, uint32_t, uint32_t, const CommState *, uint64_t, uint64_t,
                             uint32_t);
+using SplitEntry = void (*)(const InputTable *, uint64_t, uint64_t, uint32_t, const CommState *,
+                            uint64_t, uint64_t, uint32_t);
+using LocalEntry = void (*)(const Pack16 *, uint64_t, const Pack16 *, const Pack16 *, Pack16 *,
+                            Pack16 *, uint8_t *, void *, uint32_t, float, uint32_t, uint32_t);
 // reduce_scatter and all_gather (`out` is the element type's pointer).
 using ShardEntry = void (*)(const InputTable *, uint64_t, uint64_t, void *, const CommState *,
                             uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t);
@@ -127,6 +131,17 @@ static_assert(kHostRowThreads % kRowThreadQuantum == 0 &&
       PYAR_NAMED_WORLDS(prefix##_f32_plain_p4), PYAR_NAMED_WORLDS(prefix##_f16_plain_p1),     \
       PYAR_NAMED_WORLDS(prefix##_f16_plain_p2), PYAR_NAMED_WORLDS(prefix##_bf16_plain_p1),    \
       PYAR_NAMED_WORLDS(prefix##_bf16_plain_p2)
+// Split's kernel A (no quantization kind) and kernel B (this rank's rows alone).
+#define PYAR_NAMED_SPLIT(prefix)                                                              \
+  PYAR_NAMED_WORLDS(prefix##_f32_p1), PYAR_NAMED_WORLDS(prefix##_f32_p2),                     \
+      PYAR_NAMED_WORLDS(prefix##_f32_p4), PYAR_NAMED_WORLDS(prefix##_f16_p1),                 \
+      PYAR_NAMED_WORLDS(prefix##_f16_p2), PYAR_NAMED_WORLDS(prefix##_bf16_p1),                \
+      PYAR_NAMED_WORLDS(prefix##_bf16_p2)
+#define PYAR_NAMED_LOCAL(prefix)                                                              \
+  PYAR_NAMED(prefix##_f32_plain_p1), PYAR_NAMED(prefix##_f32_plain_p2),                       \
+      PYAR_NAMED(prefix##_f32_plain_p4), PYAR_NAMED(prefix##_f16_plain_p1),                   \
+      PYAR_NAMED(prefix##_f16_plain_p2), PYAR_NAMED(prefix##_bf16_plain_p1),                  \
+      PYAR_NAMED(prefix##_bf16_plain_p2)
 
 const std::map<std::string, void *> &entries() {
   static const std::map<std::string, void *> table = {
@@ -134,6 +149,8 @@ const std::map<std::string, void *> &entries() {
       PYAR_NAMED_TYPES(pyar_allreduce_two_shot),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_one_stage),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_two_stage),
+      PYAR_NAMED_SPLIT(pyar_allreduce_rmsnorm_split),
+      PYAR_NAMED_LOCAL(pyar_add_rmsnorm),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f32_f32),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f16_f16),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f16_f32),
@@ -183,7 +200,9 @@ struct Options {
 
   std::vector<std::string> kernels;  // call c runs kernels[c % size]
 
-  static bool fused(const std::string &k) { return k == "onestage" || k == "twostage"; }
+  static bool fused(const std::string &k) {
+    return k == "onestage" || k == "twostage" || k == "split";
+  }
   static bool sharded(const std::string &k) { return k == "reducescatter" || k == "allgather"; }
   bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
   const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
@@ -220,8 +239,8 @@ Options parse(int argc, char **argv) {
     o.kernels.push_back(o.kernel.substr(first, plus - first));
     const std::string &k = o.kernels.back();
     if (k != "oneshot" && k != "twoshot" && !Options::fused(k) && !Options::sharded(k))
-      usage("KERNEL is oneshot, twoshot, onestage, twostage, reducescatter or allgather, or "
-            "several joined by '+', not " + o.kernel);
+      usage("KERNEL is oneshot, twoshot, onestage, twostage, split, reducescatter or "
+            "allgather, or several joined by '+', not " + o.kernel);
     first = plus + 1;
   }
   if (o.world < 2 || o.world > uint32_t(pyar::kMaxRanks)) usage("WORLD is 2..8");
@@ -289,7 +308,7 @@ int pattern(uint64_t seed, uint32_t rank, uint64_t call, uint64_t i) {
 uint64_t signature(const std::string &kernel, uint64_t count, const std::string &dtype,
                    bool registered, uint32_t variant) {
   static const std::map<std::string, uint64_t> operations = {
-      {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4},
+      {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4}, {"split", 5},
       {"reducescatter", 6}, {"allgather", 7}};
   const uint64_t dtype_code = dtype == "f32" ? 1 : dtype == "f16" ? 2 : 3;
   return count | operations.at(kernel) << 40 | dtype_code << 48 | uint64_t(registered) << 52 |
@@ -543,16 +562,28 @@ struct Run {
       const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
       const RowGeometry g = row_launch(count, sizeof(T));
       if (k.geometry.blocks == 0) k.geometry = g;
-      const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
       const uint32_t call = k.call++;
       Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
       Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
       const uint64_t sig = signature_of(k.rank, c, name, count * hidden);
-      host::launch(g.blocks, g.threads, [&] {
-        kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
-               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
-               sig, call);
-      });
+      if (name == "split") {  // kernel A, then kernel B on this rank's gather buffer
+        const auto reduce = reinterpret_cast<SplitEntry>(entry(fused_name(name, g)));
+        host::launch(g.blocks, g.threads, [&] {
+          reduce(table, in_offset, count, uint32_t(hidden), &k.state, timeout_ns, sig, call);
+        });
+        const auto norm = reinterpret_cast<LocalEntry>(entry(local_name(g)));
+        host::launch(g.blocks, g.threads, [&] {
+          norm(k.state.partial[k.rank], count, res, k.weight.data(), res, dst, nullptr, nullptr,
+               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden));
+        });
+      } else {
+        const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
+        host::launch(g.blocks, g.threads, [&] {
+          kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
+                 uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
+                 sig, call);
+        });
+      }
       ++k.chunks;
     }
     if (skipped) k.touched += changed(residual_before, k.residual) + changed(y_before, k.y);
@@ -681,9 +712,14 @@ struct Run {
   }
 
   std::string fused_name(const std::string &name, const RowGeometry &g) const {
+    const std::string p = "_p" + std::to_string(g.per_thread) + "_w" + std::to_string(o.world);
+    if (name == "split") return "pyar_allreduce_rmsnorm_split_" + o.dtype + p;
     const std::string algo = name == "onestage" ? "one_stage" : "two_stage";
-    return "pyar_allreduce_rmsnorm_" + algo + "_" + o.dtype + "_plain_p" +
-           std::to_string(g.per_thread) + "_w" + std::to_string(o.world);
+    return "pyar_allreduce_rmsnorm_" + algo + "_" + o.dtype + "_plain" + p;
+  }
+
+  std::string local_name(const RowGeometry &g) const {
+    return "pyar_add_rmsnorm_" + o.dtype + "_plain_p" + std::to_string(g.per_thread);
   }
 
   std::string allreduce_name(const std::string &name) const {
