@@ -34,8 +34,11 @@
 // keeps a barrier from missing an epoch that was overwritten by a later one,
 // so that a kernel built without the exit barrier (the positive control)
 // shows the seeds' bug as wrong sums rather than as a lost flag and a
-// timeout.  Spins are bounded: on expiry the block records which peers never
-// arrived in host-visible memory and returns.
+// timeout.  The comparison is sound only while every slot holds an epoch less
+// than 2^31 calls old, so each kernel's start barrier also stores the epoch
+// into the slots of the phases it never waits at (keep_idle_slots_current):
+// every slot is then at most one call old.  Spins are bounded: on expiry the
+// block records which peers never arrived in host-visible memory and returns.
 #pragma once
 
 #include "pyar_device.h"
@@ -118,7 +121,10 @@ constexpr uint32_t kNoIdlePhase = 0, kIdleMid = 1u << kMid, kIdleEnd = 1u << kEn
 // than 2^31 calls old, and a slot no call of a long run of, say, one-shot
 // calls stored into would look reached after 2^31 of them -- the next
 // two-shot call's `mid` would pass without waiting for its peers' shards.
-// With these stores every slot of the block is at most one call old.
+// With these stores every slot of the block is at most one call old.  (64-bit
+// epochs would also close it, at the price of 64-bit system-scope flag
+// accesses in every spin and the machine-code rules for them; these are one
+// or two stores a call, with the signature's.)
 //
 // Relaxed (volatile) stores are enough, and a filler never lets a waiting
 // barrier pass early.  Rank r stores epoch e into its (phase X, block) slot
@@ -137,9 +143,11 @@ constexpr uint32_t kNoIdlePhase = 0, kIdleMid = 1u << kMid, kIdleEnd = 1u << kEn
 //    performed system-wide (the C++ release sequence before C++20; PTX's
 //    release on M followed by a strong write on M; ThreadSanitizer keeps the
 //    release's clock on the slot across a relaxed store).
-// The stores are issued with the signature's, before the block's
-// synchronization: like it, they complete there, and nothing but the
-// release is in flight at the start flag's store.
+// A block whose earlier call failed stores nothing (its start barrier
+// returns first), and no later call of it waits anywhere.  The stores are
+// issued with the signature's, before the block's synchronization: like it,
+// they complete there, and nothing but the release is in flight at the start
+// flag's store.
 template <uint32_t kIdle>
 PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t epoch) {
   static_assert((kIdle & ~(kIdleMid | kIdleEnd)) == 0, "only mid and end may be idle");
