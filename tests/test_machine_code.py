@@ -158,13 +158,15 @@ def test_check_catches_mutated_machine_code(amd_bundles, arch):
     assert len(problems) == releases and all("without s_waitcnt" in p for p in problems)
 
     # the waves' own waits before the block barrier go: the last vmcnt(0) wait before
-    # each s_barrier with no vector memory access between them
+    # each s_barrier with no vector memory access or block end between them (as the rule
+    # reads it: walking on across a branch took the error word's acquire wait, which
+    # since the 64-bit flags sits in straight-line code before the spin's closing barrier)
     block_waits = set()
     for j, instruction in enumerate(code):
         if instruction.mnemonic != "s_barrier":
             continue
         for i in range(j - 1, -1, -1):
-            if mc.is_vector_memory(code[i]):
+            if mc.is_vector_memory(code[i]) or mc.ends_block(code[i]):
                 break
             if code[i].mnemonic == "s_waitcnt" and "vmcnt(0)" in code[i].operands:
                 block_waits.add(i)

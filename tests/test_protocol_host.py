@@ -29,8 +29,10 @@ when the timing goes wrong as on the GPU. Hence:
     records name it;
   - ranks whose calls disagree (another call signature on one rank) all record the
     disagreement with every rank's signature, write no output and stop, without a report
-    and without waiting; its control, a build whose start barrier ignores the signatures
-    (PYAR_TEST_IGNORE_SIGNATURE), runs the call and writes the outputs;
+    and without waiting -- split too, whose kernel B (waiting for no peer) skips after its
+    kernel A failed; its control, a build whose start barrier ignores the signatures
+    (PYAR_TEST_IGNORE_SIGNATURE), runs the call and writes the outputs, and split's kernel
+    B given no failure word writes them after a kernel A that failed;
   - the mutation table: every barrier of every kernel left out in turn (the driver is built
     with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase, the protocol's test-only define, and
     --skip picks the phase) must be caught, by a report or a wrong sum; the barriers proven
@@ -334,13 +336,13 @@ def disagree_ways(kernel):
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", *FUSED, *SHARDS])
 def test_disagreeing_calls_are_recorded_and_touch_nothing(driver, kernel, world):
     """The last rank's fourth call carries another signature (its element count plus one):
     every rank's error record says the ranks disagreed, names a chunk of that call and every
     rank's signature; no rank wrote any byte of its outputs (poisoned before the call), so
-    no block read a peer's data; every rank stops there (4 calls each), without waiting for
-    a timeout (60 s here) and without a report."""
+    no block read a peer's data (and split's kernel B normed nothing); every rank stops
+    there (4 calls each), without waiting for a timeout (60 s here) and without a report."""
     for way, options in disagree_ways(kernel).items():
         outcome = run(driver, kernel, world, *options, "--disagree", f"{world - 1}.3",
                       "--calls", 6, "--seed", world, *DELAYS)
@@ -350,7 +352,7 @@ def test_disagreeing_calls_are_recorded_and_touch_nothing(driver, kernel, world)
         assert row["launches"] % (4 * world) == 0 and row["seconds"] < 30, row
 
 
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", *FUSED, *SHARDS])
 def test_ignoring_the_signature_is_caught(driver, kernel):
     """The control: built to ignore the signatures, the start barrier lets the disagreeing
     call through; it writes its outputs and nobody records a disagreement."""
@@ -359,6 +361,17 @@ def test_ignoring_the_signature_is_caught(driver, kernel):
     assert outcome.reports == 0, outcome.first_report()
     row = outcome.row
     assert row["disagreements"] == 0 and row["touched"] > 0 and outcome.returncode == 1, row
+
+
+def test_split_kernel_b_without_the_failure_word_is_caught(driver):
+    """Split's control: kernel A records the disagreement and skips, but a kernel B given no
+    failure word (as the single-GPU step is) norms the gather buffer's stale sums and
+    writes y and the residual."""
+    outcome = run(driver, "split", 3, "--disagree", "2.3", "--failed-word", "off",
+                  "--calls", 6, *DELAYS)
+    assert outcome.reports == 0, outcome.first_report()
+    row = outcome.row
+    assert row["disagreements"] == 3 and row["touched"] > 0 and outcome.returncode == 1, row
 
 
 # --- the mutation table -----------------------------------------------------------------

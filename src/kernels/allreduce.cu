@@ -1,5 +1,7 @@
 // pyar's all-reduce kernels: one-shot and two-shot, on the protocol of
 // pyar_protocol.h (barriers, epochs, why each barrier exists).
+#include <stddef.h>
+
 #include "pyar_protocol.h"
 
 namespace pyar {
@@ -87,9 +89,9 @@ PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
 }  // namespace pyar
 
 // Layout facts the host reads with hipModuleGetGlobal instead of repeating them.
-extern "C" __device__ const uint64_t pyar_allreduce_layout[5] = {
+extern "C" __device__ const uint64_t pyar_allreduce_layout[6] = {
     sizeof(pyar::Signal), pyar::kMaxBlocks, pyar::kMaxRanks, sizeof(pyar::CommState),
-    pyar::kThreads};
+    pyar::kThreads, offsetof(pyar::Signal, some_block_failed)};
 
 #define PYAR_ALLREDUCE_ENTRY(algo, name, T, W)                                              \
   extern "C" __global__ void __launch_bounds__(pyar::kThreads)                              \

@@ -48,6 +48,8 @@
 //                      disagreement, leave its outputs untouched and stop there
 //                      (the host raises MismatchError)
 //   --signature-check off   the start barrier ignores the signatures
+//   --failed-word off  split's kernel B is given no failure word (as the
+//                      single-GPU step is): it norms after a failed kernel A
 //   --seed S --jitter ONE_IN --sleep-us US --delay-us US --timeout-ms MS
 // Prints one line of JSON; exits 0 when every result was exact, no call
 // timed out and a --disagree call was recorded by every rank and touched no
@@ -103,7 +105,8 @@ using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16
 using SplitEntry = void (*)(const InputTable *, uint64_t, uint64_t, uint32_t, const CommState *,
                             uint64_t, uint64_t, uint32_t);
 using LocalEntry = void (*)(const Pack16 *, uint64_t, const Pack16 *, const Pack16 *, Pack16 *,
-                            Pack16 *, uint8_t *, void *, uint32_t, float, uint32_t, uint32_t);
+                            Pack16 *, uint8_t *, void *, uint32_t, float, uint32_t, uint32_t,
+                            const uint32_t *);
 // reduce_scatter and all_gather (`out` is the element type's pointer).
 using ShardEntry = void (*)(const InputTable *, uint64_t, uint64_t, void *, const CommState *,
                             uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t);
@@ -195,6 +198,7 @@ struct Options {
   uint32_t disagree_rank = ~0u;
   uint64_t disagree_call = ~0ull;
   bool ignore_signature = false;
+  bool failed_word = true;
   int stale = -1;
   bool no_idle_fill = false;
 
@@ -266,6 +270,7 @@ Options parse(int argc, char **argv) {
     else if (key == "--disagree")
       std::tie(o.disagree_rank, o.disagree_call) = rank_and_call(key, value);
     else if (key == "--signature-check") o.ignore_signature = value == "off";
+    else if (key == "--failed-word") o.failed_word = value != "off";
     else if (key == "--reached") o.unsigned_reached = value == "unsigned";
     else if (key == "--seed") o.seed = std::stoull(value);
     else if (key == "--jitter") o.jitter = uint32_t(std::stoul(value));
@@ -574,7 +579,8 @@ struct Run {
         const auto norm = reinterpret_cast<LocalEntry>(entry(local_name(g)));
         host::launch(g.blocks, g.threads, [&] {
           norm(k.state.partial[k.rank], count, res, k.weight.data(), res, dst, nullptr, nullptr,
-               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden));
+               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden),
+               o.failed_word ? &k.signal()->some_block_failed : nullptr);
         });
       } else {
         const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
