@@ -4,9 +4,11 @@ all-reduce kernel against the same kernel built from a commit before the
 signature existed, both launched on one communicator, replayed from graphs
 and timed alternately in the same run.
 
-The older kernel runs on today's communicator: its Signal (flags, then
-epochs) is a prefix of today's, and CommState and the error record's first
-words are unchanged, so both kernels keep one block epoch count between them.
+The older kernel runs on a communicator of its own, whose Signal area is
+zeroed after its one staging call: its Signal layout (32-bit flags, then
+epochs) is not today's (64-bit flags, the start flag carrying the call's
+digest), while CommState, the input table and the error record's first words
+are unchanged.  Both communicators stage the same input.
 
     # here (needs nvcc and git): the kernels of a commit before the signature
     python benchmarks/signature_cost.py --build-baseline DIR [--commit 8979203] [--arch sm_90]
@@ -76,7 +78,13 @@ def measure(options):
     x = pyar.asarray(np.full(count, rank + 1, np.float32), stream=stream)
     out = pyar.empty((count,), np.float32, stream=stream)
     comm.allreduce(x, out=out, stream=stream)  # stages x into the scratch the graphs read
+    old_comm = pyar.Communicator(MPI.COMM_WORLD)
+    old_comm.allreduce(x, out=out, stream=stream)  # the same, for the older kernel
     stream.synchronize()
+    comm._node.Barrier()  # every rank's staging call is done before its Signal is cleared
+    hip.memset(old_comm._buffer.ptr, 0, old_comm._layout.signal_bytes)
+    hip.device_synchronize()
+    comm._node.Barrier()
 
     shipped = comm._function("twoshot" if options.algo == "twoshot" else "oneshot", x.dtype)
     old_module = hip.Module.from_file(os.path.join(options.baseline, "allreduce.fatbin"))
@@ -86,12 +94,14 @@ def measure(options):
     work = count // 4 if options.algo == "oneshot" else -(-count // 4 // world)
     blocks = min(comm._max_blocks, max(1, -(-work // comm._layout.threads)))
     common = (comm._staged_table.ptr, 0, out.ptr, comm._state.ptr, count, comm._timeout_ns)
+    old_common = (old_comm._staged_table.ptr, 0, out.ptr, old_comm._state.ptr, count,
+                  old_comm._timeout_ns)
     signature = layout.signature(options.algo, count, x.dtype, registered=False)
     launches = {
         "with signature": lambda: shipped.launch(blocks, comm._layout.threads,
                                                  (*common, signature, 0), stream=stream),
         "without (baseline)": lambda: old.launch(blocks, comm._layout.threads,
-                                                 (*common, 0), stream=stream),
+                                                 (*old_common, 0), stream=stream),
     }
     graphs = {}
     for name, launch in launches.items():
@@ -125,6 +135,7 @@ def measure(options):
                 json.dump({"rows": rows, "baseline_commit": options.commit}, f, indent=1)
     for graph in graphs.values():
         graph.close()
+    old_comm.close()
     comm.close()
     return 0 if wrong == 0 else 1
 

@@ -21,8 +21,11 @@ NVIDIA (sm_XX SASS, disassembled with cuobjdump):
            a ``MEMBAR.*.SYS`` before it with no global memory access between;
   acquire  every global ``.STRONG.SYS`` load (``ld.acquire.sys.global``) is
            followed by ``CCTL.IVALL`` before any later load or branch.
-(The host-visible error words are generic-address volatile accesses on
-NVIDIA -- ``ST.E``/``LD.E`` -- and not part of the NVIDIA check.)
+(The flags are 64-bit words: ``global_store_dwordx2``/``global_load_dwordx2``
+or their ``flat_`` forms on AMD, ``STG.E.64.STRONG.SYS``/``LDG.E.64.STRONG.SYS`` on
+NVIDIA; the rules read every width.  The host-visible error words are
+generic-address volatile accesses on NVIDIA -- ``ST.E``/``LD.E`` -- and not part
+of the NVIDIA check.)
 
 Run as a script on a folder of code objects, it prints the table
 arch x kernel x sites x verdict of every .hsaco and .fatbin there.
@@ -145,7 +148,7 @@ def is_vector_memory(instruction):
         kind in instruction.mnemonic for kind in ("_load", "_store", "_atomic"))
 
 
-def _ends_block(instruction):
+def ends_block(instruction):
     return instruction.mnemonic.startswith(("s_branch", "s_cbranch", "s_setpc", "s_swappc",
                                             "s_endpgm"))
 
@@ -188,7 +191,7 @@ def _barrier_problems(code, i):
     for earlier in reversed(code[:barrier]):
         if _waits_for_memory(earlier):
             return []
-        if is_vector_memory(earlier) or _ends_block(earlier):
+        if is_vector_memory(earlier) or ends_block(earlier):
             return [f"{code[barrier]!r} before {code[i]!r}: {earlier!r} reaches it without "
                     "s_waitcnt vmcnt(0)"]
     return []
@@ -208,7 +211,7 @@ def amd_release_problems(code):
         for later in code[i + 1:]:
             if _waits_for_memory(later):
                 break
-            if (is_vector_memory(later) and "_load" not in later.mnemonic) or _ends_block(later):
+            if (is_vector_memory(later) and "_load" not in later.mnemonic) or ends_block(later):
                 problems.append(f"{instruction!r} reaches {later!r} without s_waitcnt vmcnt(0)")
                 break
     return releases, problems
@@ -228,7 +231,7 @@ def amd_acquire_problems(code, arch):
                 break
             if _waits_for_memory(later):
                 waited = True
-            elif (is_vector_memory(later) and "_load" in later.mnemonic) or _ends_block(later):
+            elif (is_vector_memory(later) and "_load" in later.mnemonic) or ends_block(later):
                 missing = "invalidate" if waited else "s_waitcnt vmcnt(0)"
                 problems.append(f"{instruction!r} reaches {later!r} without the {missing}")
                 break

@@ -161,12 +161,13 @@ def test_layout_matches_the_kernel_structs(kernel_source):
     # The layout global lists what KernelLayout reads, in its order.
     init = re.search(r"pyar_allreduce_layout\[(\d+)\] = \{(.*?)\};", kernel_source, re.S)
     assert init, "pyar_allreduce_layout not found"
-    entries = [e.strip() for e in init.group(2).split(",")]
+    entries = [e.strip() for e in re.split(r",(?![^()]*\))", init.group(2))]  # not offsetof's
     assert int(init.group(1)) == len(entries) == len(layout._LAYOUT_FIELDS)
     assert entries == ["sizeof(pyar::Signal)", "pyar::kMaxBlocks", "pyar::kMaxRanks",
-                       "sizeof(pyar::CommState)", "pyar::kThreads"]
+                       "sizeof(pyar::CommState)", "pyar::kThreads",
+                       "offsetof(pyar::Signal, some_block_failed)"]
     assert layout._LAYOUT_FIELDS == ("signal_bytes", "max_blocks", "max_ranks", "state_bytes",
-                                     "threads")
+                                     "threads", "failed_offset")
 
 
 class _RecordingModule:

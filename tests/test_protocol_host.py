@@ -22,12 +22,17 @@ when the timing goes wrong as on the GPU. Hence:
     16-bit inputs, counts that leave shards short or empty), also across the 32-bit wrap of
     the per-block epochs (whose control, an epoch comparison that
     is not wrap-safe, must be caught);
+  - a kernel that never waits at `mid` (or, split, at `exit`), run after 2**31 calls that
+    left those slots alone, keeps them current for the next kernel that does (whose
+    control, start barriers without those stores, must be caught);
   - a rank that stops calling makes its peers' bounded spins give up, and their error
     records name it;
   - ranks whose calls disagree (another call signature on one rank) all record the
     disagreement with every rank's signature, write no output and stop, without a report
-    and without waiting; its control, a build whose start barrier ignores the signatures
-    (PYAR_TEST_IGNORE_SIGNATURE), runs the call and writes the outputs;
+    and without waiting -- split too, whose kernel B (waiting for no peer) skips after its
+    kernel A failed; its control, a build whose start barrier ignores the signatures
+    (PYAR_TEST_IGNORE_SIGNATURE), runs the call and writes the outputs, and split's kernel
+    B given no failure word writes them after a kernel A that failed;
   - the mutation table: every barrier of every kernel left out in turn (the driver is built
     with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase, the protocol's test-only define, and
     --skip picks the phase) must be caught, by a report or a wrong sum; the barriers proven
@@ -53,7 +58,8 @@ pytestmark = pytest.mark.skipif(
 CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
             "-DPYAR_TEST_SKIP_PHASE=host::skipped_phase",
             "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached",
-            "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature", "-Wall", "-Wno-unknown-pragmas"]
+            "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature",
+            "-DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill", "-Wall", "-Wno-unknown-pragmas"]
 # halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
 # report from a wrong sum (1) or bad usage (2).
 TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
@@ -154,7 +160,7 @@ def test_allreduce_clean_and_exact(driver, kernel, world):
         assert outcome.row["calls"] == 12
 
 
-FUSED = ("onestage", "twostage")
+FUSED = ("onestage", "twostage", "split")
 SHARDS = ("reducescatter", "allgather")
 # (options, (packs per thread, threads, blocks) of the first launch): float32 rows of 200,
 # 1000 and 2040 elements are 50, 250 and 510 packs, one, two and four a thread; the last
@@ -220,7 +226,7 @@ def test_half_types_clean_and_exact(driver, dtype):
             assert_geometry(outcome, geometry, f"{kernel} {dtype}")
 
 
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", *FUSED, *SHARDS])
 @pytest.mark.parametrize("variant", ["staged", "registered"])
 def test_epochs_across_the_32_bit_wrap(driver, kernel, variant):
     """Every block's epoch starts 4 calls before 2**32 (the test hook, as if 2**32 - 4 calls
@@ -241,6 +247,32 @@ def test_epoch_wrap_catches_a_comparison_that_is_not_wrap_safe(driver):
     assert across.caught, f"an unsigned epoch comparison across the wrap went unseen: {across.row}"
     from_zero = run(driver, "oneshot", 4, "--reached", "unsigned", "--calls", 8, *DELAYS)
     assert_clean(from_zero, "an unsigned epoch comparison far from the wrap")
+
+
+# (kernels, phase): each kernel that never waits at a phase, taking turns with one whose
+# barrier there is needed (two-shot's exit barrier is redundant: it cannot show a stale
+# exit slot).
+IDLE_THEN_WAITING = (("oneshot+twoshot", "mid"), ("onestage+twostage", "mid"),
+                     ("reducescatter+twoshot", "mid"), ("allgather+twostage", "mid"),
+                     ("split+oneshot", "exit"), ("split+onestage", "exit"))
+
+
+@pytest.mark.parametrize("kernels,phase", IDLE_THEN_WAITING)
+def test_idle_phase_slots_are_kept_current(driver, kernels, phase):
+    """The phase's slots start 2**31 calls older than the epoch (--stale: as if that many
+    calls of kernels not waiting there had run since the last one that did), across the
+    32-bit wrap. The first call, a kernel that never waits there, stores the epoch into them
+    at its start barrier, so the second call's barrier there waits for its peers: zero
+    reports, exact results. The control: start barriers without those stores
+    (PYAR_TEST_NO_IDLE_FILL) leave the slots looking reached, the barrier passes at once
+    and a rank reads shards not yet written (mid) or overwrites an input a peer still
+    reads (exit)."""
+    options = ("--epoch-start", WRAP_START, "--stale", phase, "--calls", 6,
+               "--timeout-ms", 2000, *DELAYS)
+    assert_clean(run(driver, kernels, 4, *options),
+                 f"{kernels} after 2**31 calls without {phase}")
+    control = run(driver, kernels, 4, *options, "--idle-fill", "off")
+    assert control.caught, f"{kernels}: stale {phase} slots went unseen: {control.row}"
 
 
 @pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
@@ -306,13 +338,13 @@ def disagree_ways(kernel):
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", *FUSED, *SHARDS])
 def test_disagreeing_calls_are_recorded_and_touch_nothing(driver, kernel, world):
     """The last rank's fourth call carries another signature (its element count plus one):
     every rank's error record says the ranks disagreed, names a chunk of that call and every
     rank's signature; no rank wrote any byte of its outputs (poisoned before the call), so
-    no block read a peer's data; every rank stops there (4 calls each), without waiting for
-    a timeout (60 s here) and without a report."""
+    no block read a peer's data (and split's kernel B normed nothing); every rank stops
+    there (4 calls each), without waiting for a timeout (60 s here) and without a report."""
     for way, options in disagree_ways(kernel).items():
         outcome = run(driver, kernel, world, *options, "--disagree", f"{world - 1}.3",
                       "--calls", 6, "--seed", world, *DELAYS)
@@ -322,7 +354,7 @@ def test_disagreeing_calls_are_recorded_and_touch_nothing(driver, kernel, world)
         assert row["launches"] % (4 * world) == 0 and row["seconds"] < 30, row
 
 
-@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", "onestage", "twostage", *SHARDS])
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", *FUSED, *SHARDS])
 def test_ignoring_the_signature_is_caught(driver, kernel):
     """The control: built to ignore the signatures, the start barrier lets the disagreeing
     call through; it writes its outputs and nobody records a disagreement."""
@@ -333,6 +365,17 @@ def test_ignoring_the_signature_is_caught(driver, kernel):
     assert row["disagreements"] == 0 and row["touched"] > 0 and outcome.returncode == 1, row
 
 
+def test_split_kernel_b_without_the_failure_word_is_caught(driver):
+    """Split's control: kernel A records the disagreement and skips, but a kernel B given no
+    failure word (as the single-GPU step is) norms the gather buffer's stale sums and
+    writes y and the residual."""
+    outcome = run(driver, "split", 3, "--disagree", "2.3", "--failed-word", "off",
+                  "--calls", 6, *DELAYS)
+    assert outcome.reports == 0, outcome.first_report()
+    row = outcome.row
+    assert row["disagreements"] == 3 and row["touched"] > 0 and outcome.returncode == 1, row
+
+
 # --- the mutation table -----------------------------------------------------------------
 
 # Barriers each kernel has, and those proven redundant (the proof lives in the kernel).
@@ -341,6 +384,7 @@ KERNEL_PHASES = {
     "twoshot": ("start", "mid", "exit"),
     "onestage": ("start", "exit"),
     "twostage": ("start", "mid", "exit"),
+    "split": ("start", "mid"),
     MIXED: ("start", "mid", "exit"),
     "reducescatter": ("start", "exit"),
     "allgather": ("start", "exit"),

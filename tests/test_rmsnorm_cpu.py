@@ -484,6 +484,7 @@ def test_local_kernels_take_what_row_kernels_pass(source, dev):
         by_name = dict(zip((n for _, n in entries[add.name]), args))
         assert by_name["x"] == call.x.ptr and by_name["tokens"] == tokens
         assert tuple(by_name[f] for f in ROW_FIELDS) == call.row_args(0, tokens)
+        assert by_name["failed"] == 0  # the single-GPU step follows no kernel that can fail
         quantize = kernels.module.functions[f"pyar_quantize_{suffix}"]
         (grid, block, args, _), = quantize.launches
         assert (grid, block) == (tokens, 64)
@@ -603,7 +604,8 @@ def _comm(world, max_size=1 << 20):
     comm.world, comm.rank, comm.device, comm.max_size = world, 0, 0, max_size
     comm._functions, comm._calls, comm._call_log = {}, 0, {}
     comm._row_kernels = _row_kernels()
-    comm._layout = types.SimpleNamespace(threads=KERNEL_THREADS, max_blocks=KERNEL_MAX_BLOCKS)
+    comm._layout = types.SimpleNamespace(threads=KERNEL_THREADS, max_blocks=KERNEL_MAX_BLOCKS,
+                                         failed_offset=0xa300)
     comm._max_fused_blocks = {(variant, dtype): 40 for variant in SPINNING
                               for dtype in communicator._KERNEL_TYPES}
     comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
@@ -667,8 +669,9 @@ def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeyp
 def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, registered):
     """Per chunk: the staging copy (staged input), kernel A on the capped grid
     (numbered: it spins), then add_rmsnorm on this rank's gather buffer with
-    the whole GPU's blocks and the chunk's row arguments (unnumbered: it
-    waits for nothing), on the call's stream, in that order."""
+    the whole GPU's blocks, the chunk's row arguments and this rank's
+    failure word (unnumbered: it waits for nothing), on the call's stream, in
+    that order."""
     _, a_params = _split_entries(source)
     a_names = [n for _, n in a_params]
     b_names = [n for _, n in _local_entries(source)["pyar_add_rmsnorm_bf16_mxfp4_p1"]]
@@ -707,6 +710,7 @@ def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, regi
         got = dict(zip(b_names, args))
         assert (grid, block, stream) == (count, 512, "S")
         assert got["x"] == gather and got["tokens"] == count
+        assert got["failed"] == comm._buffer.ptr + comm._layout.failed_offset
         assert tuple(got[f] for f in ROW_FIELDS) == call.row_args(first, count)
     assert comm._calls == 3  # kernel B takes no call number
     assert "allreduce_rmsnorm call 2 (split, 2 x 4096 bfloat16)" in comm._call_log.values()
@@ -911,7 +915,7 @@ def test_unfused_runs_the_allreduce_then_the_local_row_kernel(dev, monkeypatch, 
     assert [name for name, _ in module.requests] == ["pyar_add_rmsnorm_bf16_mxfp4_p1"]
     grid, block, args, stream = module.functions["pyar_add_rmsnorm_bf16_mxfp4_p1"].launches[0]
     assert (grid, block, stream) == (tokens, 512, "S")
-    assert args == (sums.ptr, tokens, *call.row_args(0, tokens))
+    assert args == (sums.ptr, tokens, *call.row_args(0, tokens), 0)  # no failure word
 
 
 # --- 3. argument checks: RowCall and Quantization ------------------------------------

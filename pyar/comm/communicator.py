@@ -920,7 +920,9 @@ class Communicator(_eager.EagerCalls):
         chunk.  Split's second kernel follows its first on the same stream
         (in a captured graph too: both are steps), reading the sums from this
         rank's gather buffer, which the next chunk's first kernel fills again
-        only after every rank's start barrier (the proof at split_reduce)."""
+        only after every rank's start barrier (the proof at split_reduce),
+        and writing nothing once a first kernel of this rank failed (the
+        Signal's failure word: a failed call leaves stale sums there)."""
         dtype = call.x.dtype
         row_bytes = call.hidden * dtype.itemsize
         chunk = self.max_size // row_bytes
@@ -946,7 +948,7 @@ class Communicator(_eager.EagerCalls):
                     signature), "allreduce_rmsnorm", details)
             yield ("local", *self._row_kernels.add_rmsnorm_launch(
                 call, self._buffer.ptr + self._partial_offset, first, count,
-                self._local_blocks()))
+                self._local_blocks(), self._buffer.ptr + self._layout.failed_offset))
 
     def _fused_launch(self, algo, dtype, tokens, hidden, quant_code):
         """The fused kernel and its rmsnorm.RowLaunch for ``tokens`` rows."""

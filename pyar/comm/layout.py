@@ -13,7 +13,10 @@ import numpy as np
 from pyar import _hip
 from pyar.comm.rmsnorm import KERNEL_KINDS
 
-_LAYOUT_FIELDS = ("signal_bytes", "max_blocks", "max_ranks", "state_bytes", "threads")
+# failed_offset: where in the Signal the word split's second kernel reads
+# (nonzero once a block of this rank failed a call).
+_LAYOUT_FIELDS = ("signal_bytes", "max_blocks", "max_ranks", "state_bytes", "threads",
+                  "failed_offset")
 _STATE = struct.Struct("<8Q8QQII")
 _TABLE = struct.Struct("<8Q")
 PACK_BYTES = 16  # the kernels' vector width; also the alignment they need

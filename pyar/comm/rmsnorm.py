@@ -35,7 +35,8 @@ FUSED_TYPES = ("ptr", "uint64", "uint64", *_ROW_TYPES, "ptr", "uint64", "uint64"
 # Kernel A of split (input table, pack offset, tokens, hidden, state,
 # timeout, signature, call): the rows' sums only, no row arguments.
 SPLIT_TYPES = ("ptr", "uint64", "uint64", "uint32", "ptr", "uint64", "uint64", "uint32")
-ADD_RMSNORM_TYPES = ("ptr", "uint64", *_ROW_TYPES)
+# add_rmsnorm: sums, tokens, the row arguments, the failure word (split) or 0.
+ADD_RMSNORM_TYPES = ("ptr", "uint64", *_ROW_TYPES, "ptr")
 
 FusedOutputs = collections.namedtuple("FusedOutputs", "out residual_out quantized scales")
 FusedOutputs.__doc__ = """What ``allreduce_rmsnorm`` returns.
@@ -327,17 +328,19 @@ class RowKernels:
                                                                   max_blocks)
         function.launch(blocks, threads, args, stream=stream)
 
-    def add_rmsnorm_launch(self, call, s_ptr, first, count, max_blocks):
+    def add_rmsnorm_launch(self, call, s_ptr, first, count, max_blocks, failed_ptr=0):
         """(function, blocks, threads, args) of add + RMSNorm (+ quantization)
         of ``call``'s rows [first, first + count) from the ``count`` rows of
-        sums at ``s_ptr``: split's second kernel, and the single-GPU step."""
+        sums at ``s_ptr``: split's second kernel, and the single-GPU step.
+        ``failed_ptr``: split's, the Signal word that makes the kernel write
+        nothing after a first kernel that failed."""
         # Nothing here waits for a peer: blocks beyond the resident ones just queue.
         geometry = self.launch(count, call.hidden, call.x.dtype, max_blocks, count)
         function = self.function(
             f"pyar_add_rmsnorm_{kernel_suffix(call.x.dtype, call.quant_code, geometry)}",
             ADD_RMSNORM_TYPES)
         return (function, geometry.blocks, geometry.threads,
-                (s_ptr, count, *call.row_args(first, count)))
+                (s_ptr, count, *call.row_args(first, count), failed_ptr))
 
     def quantize(self, y, quant, quantized, scales, stream, max_blocks):
         tokens, hidden = y.shape

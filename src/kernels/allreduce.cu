@@ -1,5 +1,7 @@
 // pyar's all-reduce kernels: one-shot and two-shot, on the protocol of
 // pyar_protocol.h (barriers, epochs, why each barrier exists).
+#include <stddef.h>
+
 #include "pyar_protocol.h"
 
 namespace pyar {
@@ -22,7 +24,7 @@ PYAR_DEVICE void one_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
                           const CommState *state, uint64_t n, const CallInfo &info) {
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
@@ -50,7 +52,7 @@ PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
                           const CommState *state, uint64_t n, const CallInfo &info) {
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kNoIdlePhase>(s, epoch, info)) {
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
@@ -87,9 +89,9 @@ PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
 }  // namespace pyar
 
 // Layout facts the host reads with hipModuleGetGlobal instead of repeating them.
-extern "C" __device__ const uint64_t pyar_allreduce_layout[5] = {
+extern "C" __device__ const uint64_t pyar_allreduce_layout[6] = {
     sizeof(pyar::Signal), pyar::kMaxBlocks, pyar::kMaxRanks, sizeof(pyar::CommState),
-    pyar::kThreads};
+    pyar::kThreads, offsetof(pyar::Signal, some_block_failed)};
 
 #define PYAR_ALLREDUCE_ENTRY(algo, name, T, W)                                              \
   extern "C" __global__ void __launch_bounds__(pyar::kThreads)                              \

@@ -34,7 +34,9 @@
 //             1 and `mid` on the capped grid of a spinning kernel) and
 //             add_rmsnorm on the gather buffer (the norms on the whole GPU,
 //             waiting for nothing).  split_reduce has no exit barrier: the
-//             proof is at the kernel.
+//             proof is at the kernel.  After a kernel A that failed (the
+//             ranks disagreed, or a peer never came) kernel B writes
+//             nothing: it reads the rank's Signal::some_block_failed first.
 //
 // add_rmsnorm and quantize are the same steps as single-rank kernels: a world
 // of one, and the unfused baseline of the benchmark.
@@ -468,7 +470,7 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, uint64_t to
   res.load(ctx.cols, a.residual, first_row(tokens));
   const PeerRows<T, P, W> rows{RankTable<W>::template fill<0>(in->ptr, in_offset)};
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     norm_rows<T, P, Q>(rows, tokens, a, ctx, res);
     exit_barrier<W>(s, epoch, info);
   }
@@ -511,7 +513,7 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t to
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kNoIdlePhase>(s, epoch, info)) {
     reduce_scatter_rows<T, P, W>(src, gather, tokens, a.hidden >> kLaneShift<T>, s);
     // Ordering.  Block b of every rank stores the sums of block b's rows
     // (rows b, b + G, ..: the rows norm_rows gives block b) and nothing
@@ -570,7 +572,7 @@ PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, uint64_t
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleEnd>(s, epoch, info)) {
     reduce_scatter_rows<T, P, W>(src, gather, tokens, hidden >> kLaneShift<T>, s);
     fence_system();  // as in two_stage: the stores to peers precede `mid`
     mid_barrier<W>(s, epoch, info);
@@ -578,11 +580,18 @@ PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, uint64_t
   BlockEpoch::commit(s, epoch);
 }
 
+// `failed`: for split's kernel B, this rank's Signal::some_block_failed,
+// which kernel A, queued before it on the same stream, set if one of its
+// blocks failed (the rows' sums are then stale, and nothing is written);
+// null for the single-GPU step.  Its load is in flight with the first row's.
 template <typename T, int P, int Q>
-PYAR_DEVICE void add_rmsnorm(const Pack16 *x, uint64_t tokens, const RowArgs &a) {
+PYAR_DEVICE void add_rmsnorm(const Pack16 *x, uint64_t tokens, const RowArgs &a,
+                             const uint32_t *failed) {
+  const bool after_failure = failed != nullptr && *failed != 0;
   const RowContext<T, P> ctx(a);
   ResidualRow<T, P> res;
   res.load(ctx.cols, a.residual, first_row(tokens));
+  if (after_failure) return;
   norm_rows<T, P, Q>(ArrayRows<T, P, false>{x}, tokens, a, ctx, res);
 }
 
@@ -675,8 +684,8 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
 #define PYAR_LOCAL_ENTRIES(name, T, kind, Q, P)                                              \
   extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
       pyar_add_rmsnorm_##name##_##kind##_p##P(const pyar::Pack16 *x, uint64_t tokens,       \
-                                              PYAR_ROW_PARAMS) {                            \
-    pyar::add_rmsnorm<T, P, Q>(x, tokens, PYAR_ROW_ARGS);                                   \
+                                              PYAR_ROW_PARAMS, const uint32_t *failed) {    \
+    pyar::add_rmsnorm<T, P, Q>(x, tokens, PYAR_ROW_ARGS, failed);                           \
   }
 
 #define PYAR_QUANTIZE_ENTRY(name, T, kind, Q, P)                                             \

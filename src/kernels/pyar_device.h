@@ -25,8 +25,12 @@ namespace pyar {
 // --- System-scope flags ------------------------------------------------------
 // A release store makes every write (and read) this thread ordered before it
 // visible to a peer process that observes the value with an acquire load.
+// Flags are 64-bit words (pyar_protocol.h: the epoch, and at the start
+// barrier the call's digest beside it), naturally aligned, so a flag is one
+// single-copy-atomic access on both platforms: one acquire load brings both
+// halves as the peer stored them.
 
-PYAR_DEVICE void store_release_system(uint32_t *flag, uint32_t value) {
+PYAR_DEVICE void store_release_system(uint64_t *flag, uint64_t value) {
 #if PYAR_AMD
   // On gfx9 the system-scope release is `buffer_wbl2` (write the L2 back to
   // memory) and a wait for it; LLVM before early 2026 (llvm-project PR
@@ -45,16 +49,16 @@ PYAR_DEVICE void store_release_system(uint32_t *flag, uint32_t value) {
   __hip_atomic_store(flag, value, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 #endif
 #else
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 #endif
 }
 
-PYAR_DEVICE uint32_t load_acquire_system(const uint32_t *flag) {
+PYAR_DEVICE uint64_t load_acquire_system(const uint64_t *flag) {
 #if PYAR_AMD
   return __hip_atomic_load(flag, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
 #else
-  uint32_t value;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+  uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(flag) : "memory");
   return value;
 #endif
 }
@@ -82,6 +86,12 @@ PYAR_DEVICE void fence_system() { __threadfence_system(); }
 // Host-visible error words: written once, read by the host after the kernel.
 PYAR_DEVICE void store_volatile(uint32_t *word, uint32_t value) {
   *reinterpret_cast<volatile uint32_t *>(word) = value;
+}
+
+// A flag slot of a phase the kernel never waits at (pyar_protocol.h,
+// keep_idle_slots_current): relaxed, one aligned 64-bit access.
+PYAR_DEVICE void store_volatile(uint64_t *word, uint64_t value) {
+  *reinterpret_cast<volatile uint64_t *>(word) = value;
 }
 
 PYAR_DEVICE uint32_t load_volatile(const uint32_t *word) {

@@ -14,28 +14,37 @@
 //   end    no peer still reads this rank's buffers: after it, the caller may
 //          overwrite its input or the next call may restage the scratch.
 // The start barrier also checks that every rank makes the same call: each
-// rank publishes its call's signature (kind, element count, dtype, input
-// mode: pyar/comm/layout.py encodes it) into every peer's Signal before its
-// start flag, and compares the peers' after acquiring their flags.  Every
-// rank's block b sees the same W signatures, so on a disagreement every
-// rank's block b records it and skips the call without touching a peer's
-// memory (nor waits at its later barriers: none of its peers does either).
+// rank's start flag carries a 32-bit digest of its call's signature (kind,
+// element count, dtype, input mode: pyar/comm/layout.py encodes it) beside
+// the epoch, so the one acquire load that sees a peer arrive also brings
+// what it called, and the check costs no second round trip (call_digest
+// says which disagreements it can miss: about one in 2^32).  The full
+// signature goes into every peer's Signal before the flag, for the error
+// record only.  Every rank's block b sees the same W digests, so on a
+// disagreement every rank's block b records it and skips the call without
+// touching a peer's memory (nor waits at its later barriers: none of its
+// peers does either).
 // Leaving out `end` is the seed bug: a fast rank returns, reuses its input,
 // and a slow peer still summing that input reads the new data.
 //
-// Flags are per block and per phase.  Each rank keeps a per-block epoch in
-// its own Signal (in device memory, so replayed graphs keep counting); a
-// barrier stores the epoch into every peer's slot for (block, this rank) with
-// a system-scope release and spins with acquire loads until its own slots for
-// (block, peer) have reached the epoch.  A peer can never be a whole phase
+// Flags are per block and per phase, 64-bit words: the epoch in the low
+// half, and at the start barrier the call's digest in the high half (zero at
+// the other phases).  Each rank keeps a per-block epoch in its own Signal (in
+// device memory, so replayed graphs keep counting); a barrier stores its word
+// into every peer's slot for (block, this rank) with a system-scope release
+// and spins with acquire loads until its own slots for (block, peer) have
+// reached the epoch.  A peer can never be a whole phase
 // ahead (it would have to pass a barrier this rank has not reached -- for the
 // start flag of the next call, this call's exit barrier), so with the exit
 // barrier a slot holds exactly this epoch; the wrap-safe "reached" comparison
 // keeps a barrier from missing an epoch that was overwritten by a later one,
 // so that a kernel built without the exit barrier (the positive control)
 // shows the seeds' bug as wrong sums rather than as a lost flag and a
-// timeout.  Spins are bounded: on expiry the block records which peers never
-// arrived in host-visible memory and returns.
+// timeout.  The comparison is sound only while every slot holds an epoch less
+// than 2^31 calls old, so each kernel's start barrier also stores the epoch
+// into the slots of the phases it never waits at (keep_idle_slots_current):
+// every slot is then at most one call old.  Spins are bounded: on expiry the
+// block records which peers never arrived in host-visible memory and returns.
 #pragma once
 
 #include "pyar_device.h"
@@ -52,15 +61,26 @@ constexpr uint64_t kGiveUpCheckNs = 1000000;  // waits shorter than this never r
 
 enum Phase { kStart = 0, kMid = 1, kEnd = 2, kPhases = 3 };
 
-struct Signal {
-  uint32_t flags[kPhases][kMaxBlocks][kMaxRanks];
+// The buffer's scratch follows the Signal (Communicator: at sizeof(Signal)),
+// and a 16-byte pack there must be aligned.
+struct alignas(16) Signal {
+  // One word type for every phase: one pair of system-scope accessors, and
+  // the slots of every phase indexed alike (the idle-slot filler, the epoch
+  // hooks of the tests); a 64-bit aligned access costs what a 32-bit one does.
+  uint64_t flags[kPhases][kMaxBlocks][kMaxRanks];
   uint32_t epoch[kMaxBlocks];
   // Nonzero once a call of the block failed (a barrier gave up or the ranks
   // disagreed): the block's later calls do nothing, so a rank that failed
   // never runs more than one call ahead of a slow peer (the communicator has
   // failed, and the host makes no new calls).
   uint32_t failed[kMaxBlocks];
-  // [epoch & 1][block][rank]: rank's call, stored before its start flag.
+  // Nonzero once any block of this rank failed a call (set with failed[b]):
+  // split's kernel B, which waits for no peer, reads it from this rank's
+  // own memory and writes nothing after a kernel A that failed (its sums
+  // are stale).  Sticky like failed[b].
+  uint32_t some_block_failed;
+  // [epoch & 1][block][rank]: rank's call, stored before its start flag
+  // and read only when the digests differ (for the host's error record).
   // Two slots, because a call that disagreed skips its exit barrier: a peer
   // may then store its next call's signature before this rank has read this
   // call's.  It stores into this slot again only in the call after that,
@@ -92,12 +112,44 @@ struct CallInfo {
   uint32_t call;       // the host's sequence number, reported on failure
 };
 
-// Whether a flag holding `value` has reached `epoch`, across the 32-bit wrap.
-PYAR_DEVICE bool reached(uint32_t value, uint32_t epoch) {
+// Whether a flag word (the epoch in its low half) has reached `epoch`,
+// across the 32-bit wrap.
+PYAR_DEVICE bool reached(uint64_t word, uint32_t epoch) {
+  const uint32_t value = uint32_t(word);
 #if defined(PYAR_TEST_REACHED_UNSIGNED)  // the epoch-wrap tests' positive control
   if (PYAR_TEST_REACHED_UNSIGNED) return value >= epoch;
 #endif
   return int32_t(value - epoch) >= 0;
+}
+
+// The 32-bit digest of a call signature that rides in the start flag's high
+// half: the signature's low half (element count bits 0-31) xor murmur3's
+// fmix32 of its high half (count bits 32-39, operation, dtype, input mode,
+// quantization).  fmix32 is a bijection, so two calls that differ only in
+// the low half, or only in the high half, always get different digests --
+// above all two element counts below 2^32, the commonest mistake.  Calls
+// differing in both halves collide only when the counts' xor equals the xor
+// of the two mixed high halves, which fmix32's avalanche makes unrelated to
+// any structure of the fields: about one pair in 2^32.  (The high halves of
+// counts below 2^32 -- 7 operations, 3 dtypes, 2 input modes, 16
+// quantization codes: 672 -- mix to values whose closest pair differs by
+// 8101 in xor, computed when this was written: two calls whose counts are
+// both below 4096 never collide.)  A collision is a disagreement the
+// barrier misses: the call runs as it would without the check.
+PYAR_DEVICE uint32_t call_digest(uint64_t signature) {
+  uint32_t h = uint32_t(signature >> 32);
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return uint32_t(signature) ^ h;
+}
+
+// The word a barrier stores: the digest in the high half (start; zero at
+// the other phases), the epoch in the low half.
+PYAR_DEVICE uint64_t flag_word(uint32_t epoch, uint32_t digest) {
+  return uint64_t(digest) << 32 | epoch;
 }
 
 // Positive controls: a test-only build defines PYAR_TEST_SKIP_PHASE as kStart,
@@ -108,14 +160,63 @@ PYAR_DEVICE bool reached(uint32_t value, uint32_t epoch) {
 #define PYAR_TEST_SKIP_PHASE kEnd
 #endif
 
+// The phases a kernel never waits at, one bit each (1 << phase), a
+// compile-time property of the kernel: its start barrier keeps their slots
+// current (keep_idle_slots_current).
+constexpr uint32_t kNoIdlePhase = 0, kIdleMid = 1u << kMid, kIdleEnd = 1u << kEnd;
+
+// Keeps this rank's slots at a peer current for the phases this kernel never
+// waits at: `reached` is wrap-safe only while every slot holds an epoch less
+// than 2^31 calls old, and a slot no call of a long run of, say, one-shot
+// calls stored into would look reached after 2^31 of them -- the next
+// two-shot call's `mid` would pass without waiting for its peers' shards.
+// With these stores every slot of the block is at most one call old.  (64-bit
+// epochs would also close it, but the start word's high half carries the
+// call's digest; these are one or two stores a call, with the signature's.)
+//
+// Relaxed (volatile) stores of the word the phase's own barrier stores (the
+// epoch, high half zero) are enough, and a filler never lets a waiting
+// barrier pass early.  Rank r stores epoch e into its (phase X, block) slot
+// at peer p only at the start of its call e, after its call e-1 returned; and
+// r passed the start barrier of e-1 only after p's start flag of e-1, so p
+// has finished call e-2.  Where can p wait on that slot?
+//  - in call e: not at X; every rank runs the same kernel (a peer making
+//    another call fails the start barrier's signature check and waits
+//    nowhere after it);
+//  - in a later call: for an epoch after e, which e has not reached;
+//  - in call e-1, at X: then r passed X of e-1 itself and stored e-1 there
+//    with a release before (in its previous kernel) -- the barrier's
+//    condition, r arrived, holds already.  And the filler carries the
+//    release's ordering: it is later in the slot's coherence order, stored
+//    by r after the kernel whose release made every access before it
+//    performed system-wide (the C++ release sequence before C++20; PTX's
+//    release on M followed by a strong write on M; ThreadSanitizer keeps the
+//    release's clock on the slot across a relaxed store).
+// A block whose earlier call failed stores nothing (its start barrier
+// returns first), and no later call of it waits anywhere.  The stores are
+// issued with the signature's, before the block's synchronization: like it,
+// they complete there, and nothing but the release is in flight at the start
+// flag's store.
+template <uint32_t kIdle>
+PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t epoch) {
+  static_assert((kIdle & ~(kIdleMid | kIdleEnd)) == 0, "only mid and end may be idle");
+#if defined(PYAR_TEST_NO_IDLE_FILL)  // the stale-slot tests' positive control
+  if (PYAR_TEST_NO_IDLE_FILL) return;
+#endif
+  if constexpr ((kIdle & kIdleMid) != 0)
+    store_volatile(&theirs->flags[kMid][blockIdx.x][rank], flag_word(epoch, 0));
+  if constexpr ((kIdle & kIdleEnd) != 0)
+    store_volatile(&theirs->flags[kEnd][blockIdx.x][rank], flag_word(epoch, 0));
+}
+
 // Whether an earlier call of this block failed (BlockEpoch::begin reads it).
 PYAR_DEVICE uint32_t &block_failed() {
   __shared__ uint32_t failed;
   return failed;
 }
 
-// Whether a peer's call differs from this rank's.
-PYAR_DEVICE bool disagree(uint64_t theirs, uint64_t mine) {
+// Whether a peer's call differs from this rank's, by their digests.
+PYAR_DEVICE bool disagree(uint32_t theirs, uint32_t mine) {
 #if defined(PYAR_TEST_IGNORE_SIGNATURE)  // the mismatch tests' positive control
   if (PYAR_TEST_IGNORE_SIGNATURE) return false;
 #endif
@@ -134,16 +235,17 @@ PYAR_DEVICE bool disagree(uint64_t theirs, uint64_t mine) {
 //
 // Returns whether every peer arrived (and, at the start barrier, made the
 // same call); when not, the block skips the rest of the call.
-template <int W>
+// kIdle: at the start barrier, the kernel's idle phases (keep_idle_slots_current).
+template <int W, uint32_t kIdle = kNoIdlePhase>
 PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const CallInfo &info) {
 #if defined(PYAR_TEST_SKIP_PHASE)
   if (phase == PYAR_TEST_SKIP_PHASE) return true;
 #endif
   if (phase == kStart && block_failed()) return false;
   const uint32_t peer = threadIdx.x;
-  uint32_t *flag = nullptr;
-  const uint32_t *mine = nullptr;
-  const uint64_t *published = nullptr;
+  const uint32_t digest = phase == kStart ? call_digest(info.signature) : 0;
+  uint64_t *flag = nullptr;
+  const uint64_t *mine = nullptr;
   if (peer < W) {
     // Every address first: after the flag's acquire a load of the state
     // (which the stores might alias) would cost a round trip of its own.
@@ -153,17 +255,19 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     Signal *const theirs_signal = s.signals[peer], *const my_signal = s.signals[s.rank];
     flag = &theirs_signal->flags[phase][blockIdx.x][s.rank];
     mine = &my_signal->flags[phase][blockIdx.x][peer];
-    published = &my_signal->signature[epoch & 1][blockIdx.x][peer];
-    if (phase == kStart) theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
+    if (phase == kStart) {
+      theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
+      keep_idle_slots_current<kIdle>(theirs_signal, s.rank, epoch);
+    }
   }
   sync_block_before_release();  // the block's earlier reads and writes precede the release
   int arrived = 1, differs = 0;
-  uint64_t theirs = 0;
   if (peer < W) {
-    store_release_system(flag, epoch);
-    if (!reached(load_acquire_system(mine), epoch)) {
+    store_release_system(flag, flag_word(epoch, digest));
+    uint64_t seen = load_acquire_system(mine);
+    if (!reached(seen, epoch)) {
       const uint64_t since = now_ns();
-      while (!reached(load_acquire_system(mine), epoch)) {
+      while (!reached(seen = load_acquire_system(mine), epoch)) {
         const uint64_t waited = now_ns() - since;
         if (waited > info.timeout_ns) {
           store_volatile(&s.error[1 + peer], 1u);
@@ -181,17 +285,31 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
         }
       }
     }
-    // The peer stored its signature before the flag the acquire saw.
+    // The word that reached the epoch is the peer's start flag of this
+    // call: the same acquire brought the peer's digest in its high half.
+    // Only a build without the exit barrier (the positive control) lets a
+    // peer store a later call's word first; that call's digest says nothing
+    // about this one, and this call's full signature decides instead.
     if (phase == kStart && arrived) {
-      theirs = *published;
-      differs = disagree(theirs, info.signature);
+      const uint32_t theirs =
+          uint32_t(seen) == epoch
+              ? uint32_t(seen >> 32)
+              : call_digest(s.signals[s.rank]->signature[epoch & 1][blockIdx.x][peer]);
+      differs = disagree(theirs, digest);
     }
   }
   // and the acquire precedes the block's later accesses
   if (__syncthreads_and(arrived && !differs)) return true;
-  if (threadIdx.x == 0) s.signals[s.rank]->failed[blockIdx.x] = 1u;
+  if (threadIdx.x == 0) {
+    Signal *const my_signal = s.signals[s.rank];
+    my_signal->failed[blockIdx.x] = 1u;
+    store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too
+  }
   if (phase == kStart && __syncthreads_or(differs)) {  // the slow path only: a failed call
     if (threadIdx.x < W && arrived) {
+      // Every arrived peer's exact call, stored before the flag its acquire
+      // saw: the host's MismatchError names it.
+      const uint64_t theirs = s.signals[s.rank]->signature[epoch & 1][blockIdx.x][threadIdx.x];
       store_volatile(&s.error[3 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs));
       store_volatile(&s.error[4 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs >> 32));
     }
@@ -287,6 +405,12 @@ struct BlockEpoch {
     if (threadIdx.x == 0) s.signals[s.rank]->epoch[blockIdx.x] = epoch;
   }
 };
+
+// Every kernel opens with this, naming the phases it never waits at.
+template <int W, uint32_t kIdle>
+PYAR_DEVICE bool start_barrier(const CommState &s, uint32_t epoch, const CallInfo &info) {
+  return barrier<W, kIdle>(s, kStart, epoch, info);
+}
 
 template <int W>
 PYAR_DEVICE void exit_barrier(const CommState &s, uint32_t epoch, const CallInfo &info) {

@@ -56,7 +56,7 @@ PYAR_DEVICE void reduce_scatter(const InputTable *in, uint64_t in_offset, uint64
   constexpr int L = Lanes<T>::kCount;
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     const uint64_t length = chunk_length(s.rank, n, shard, first, count);
     const uint64_t base = in_offset + s.rank * in_stride;  // a multiple of L
     const Pack16 *src[W];
@@ -90,7 +90,7 @@ PYAR_DEVICE void all_gather(const InputTable *in, uint64_t in_offset, T *out,
   constexpr int kGroup = W < 4 ? W : 4;
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (barrier<W>(s, kStart, epoch, info)) {
+  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
 #pragma unroll
     for (int group = 0; group < W; group += kGroup) {

@@ -11,7 +11,7 @@ from tests.gpu.scenarios import rows_of, scenario
 pytestmark = pytest.mark.gpu
 
 CASES = {"elements", "elements-far", "dtype", "algorithm", "registered", "quantization",
-         "operation"}
+         "split-rows", "operation"}
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -175,21 +175,27 @@ def start_epochs_at(comm, epoch):
     run -- so that a scenario crosses the 32-bit wrap of the epochs within a few calls.
 
     Writes the start of the Signal area of the communicator's buffer
-    (src/kernels/pyar_protocol.h: ``flags[phases][max_blocks][max_ranks]`` then
-    ``epoch[max_blocks]``, uint32; then ``failed[max_blocks]``, uint32, and
-    ``signature[2][max_blocks][max_ranks]``, uint64, which it leaves alone) with the
-    runtime's memcpy, after every rank's calls have finished and before any rank's next
-    call (peers store into this rank's flags)."""
+    (src/kernels/pyar_protocol.h: ``flags[phases][max_blocks][max_ranks]``, uint64 words
+    holding the epoch in their low half (a start flag's high half, the call's digest,
+    matters only once the slot reached the next epoch, which the peers' next call
+    stores), then ``epoch[max_blocks]``, uint32; then ``failed[max_blocks]`` and
+    ``some_block_failed``, uint32, and ``signature[2][max_blocks][max_ranks]``, uint64,
+    which it leaves alone) with the runtime's memcpy, after every rank's calls have
+    finished and before any rank's next call (peers store into this rank's flags)."""
     from pyar import _hip
     lay = comm._layout
-    words = lay.max_blocks * (3 * lay.max_ranks + 1)
-    if lay.signal_bytes != 4 * (words + lay.max_blocks) + 8 * 2 * lay.max_blocks * lay.max_ranks:
-        raise AssertionError(f"unexpected Signal layout: {lay.signal_bytes} bytes for "
-                             f"{lay.max_blocks} blocks and {lay.max_ranks} ranks")
+    flags = 3 * lay.max_blocks * lay.max_ranks
+    signatures = -(-(lay.failed_offset + 4) // 8) * 8  # uint64-aligned after the word
+    expected = -(-(signatures + 8 * 2 * lay.max_blocks * lay.max_ranks) // 16) * 16
+    if (lay.failed_offset, lay.signal_bytes) != (8 * flags + 8 * lay.max_blocks, expected):
+        raise AssertionError(f"unexpected Signal layout: {lay.signal_bytes} bytes, failure "
+                             f"word at {lay.failed_offset}, for {lay.max_blocks} blocks and "
+                             f"{lay.max_ranks} ranks")
     comm.synchronize()
     _hip.device_synchronize()
     comm._node.Barrier()
-    _hip.memcpy_htod(comm._buffer.ptr, np.full(words, epoch, np.uint32))
+    _hip.memcpy_htod(comm._buffer.ptr, np.full(flags, epoch, np.uint64).tobytes()
+                     + np.full(lay.max_blocks, epoch, np.uint32).tobytes())
     _hip.device_synchronize()
     comm._node.Barrier()
 

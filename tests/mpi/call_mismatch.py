@@ -10,6 +10,9 @@ main  For each case, on a fresh Communicator(timeout=TIMEOUT, debug=False),
         algorithm      two-shot against one-shot
         registered     a registered input against a staged one
         quantization   allreduce_rmsnorm one-stage without and with FP8
+        split-rows     allreduce_rmsnorm split, 4 rows against 5: kernel A records
+                       the disagreement, and kernel B (which waits for no peer)
+                       must write nothing either, y nor the residual in place
         operation      allreduce against reduce_scatter
       Every output is filled with NaN bytes beforehand.  Required on every
       rank: synchronize() raises pyar.MismatchError before the timeout,
@@ -96,6 +99,18 @@ def quantization(sc, comm, stream):
             [x, residual, weight], [out])
 
 
+def split_rows(sc, comm, stream):
+    rng = np.random.default_rng(sc.rank)
+    tokens = TOKENS + (sc.rank == sc.world - 1)
+    x = filled(rng.standard_normal((tokens, HIDDEN), np.float32).astype(BF16), stream)
+    residual = filled(rng.standard_normal((tokens, HIDDEN), np.float32).astype(BF16), stream)
+    weight = filled(np.ones(HIDDEN, BF16), stream)
+    out = sentinel((tokens, HIDDEN), BF16, stream)
+    return (lambda: comm.allreduce_rmsnorm(x, residual, weight, out=out, stream=stream,
+                                           algo="split"),
+            [x, residual, weight], [out])
+
+
 def operation(sc, comm, stream):
     x = filled(np.ones(N, np.float32), stream)
     if sc.rank == sc.world - 1:
@@ -124,6 +139,11 @@ CASES = {
                      "no quantization",
                      f"allreduce_rmsnorm onestage {TOKENS * HIDDEN} x bfloat16 staged, "
                      "fp8 quantization"),
+    "split-rows": (split_rows,
+                   f"allreduce_rmsnorm split {TOKENS * HIDDEN} x bfloat16 staged, "
+                   "no quantization",
+                   f"allreduce_rmsnorm split {(TOKENS + 1) * HIDDEN} x bfloat16 staged, "
+                   "no quantization"),
     "operation": (operation, STAGED_4096,
                   "reduce_scatter 4096 x float32 staged, float32 output"),
 }

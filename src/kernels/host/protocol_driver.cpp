@@ -20,7 +20,7 @@
 // (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | onestage | twostage | reducescatter |
+//   KERNEL     oneshot | twoshot | onestage | twostage | split | reducescatter |
 //              allgather, or several joined by '+' that take turns call by
 //              call (twoshot+twostage: two kernels sharing the partial region
 //              back to back)
@@ -36,6 +36,10 @@
 //   --blocks N     the grid cap (Communicator._max_blocks), in blocks of
 //                  kThreads; row_launch scales it to the row blocks   (3)
 //   --epoch-start E    every block's epoch starts at E (and every flag holds it)
+//   --stale mid | exit   that phase's slots start 2^31 calls older than the
+//                  epoch (as if the calls since its last use had not touched it)
+//   --idle-fill off    start barriers leave their kernel's idle phases' slots
+//                      as they are (the control of --stale)
 //   --skip start | mid | exit   leave that barrier out (a mutation run)
 //   --absent R.C   rank R makes no call from its call C on (the peers time out)
 //   --reached unsigned   compare epochs as plain unsigned numbers (not wrap-safe)
@@ -44,6 +48,8 @@
 //                      disagreement, leave its outputs untouched and stop there
 //                      (the host raises MismatchError)
 //   --signature-check off   the start barrier ignores the signatures
+//   --failed-word off  split's kernel B is given no failure word (as the
+//                      single-GPU step is): it norms after a failed kernel A
 //   --seed S --jitter ONE_IN --sleep-us US --delay-us US --timeout-ms MS
 // Prints one line of JSON; exits 0 when every result was exact, no call
 // timed out and a --disagree call was recorded by every rank and touched no
@@ -62,6 +68,9 @@ inline bool unsigned_reached = false;
 // Whether the start barrier ignores the call signatures (--signature-check
 // off), with -DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature.
 inline bool ignore_signature = false;
+// Whether start barriers leave the slots of their kernel's idle phases as
+// they are (--idle-fill off), with -DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill.
+inline bool no_idle_fill = false;
 }  // namespace host
 }  // namespace pyar
 
@@ -93,6 +102,11 @@ using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16
                             const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *, uint32_t,
                             float, uint32_t, uint32_t, const CommState *, uint64_t, uint64_t,
                             uint32_t);
+using SplitEntry = void (*)(const InputTable *, uint64_t, uint64_t, uint32_t, const CommState *,
+                            uint64_t, uint64_t, uint32_t);
+using LocalEntry = void (*)(const Pack16 *, uint64_t, const Pack16 *, const Pack16 *, Pack16 *,
+                            Pack16 *, uint8_t *, void *, uint32_t, float, uint32_t, uint32_t,
+                            const uint32_t *);
 // reduce_scatter and all_gather (`out` is the element type's pointer).
 using ShardEntry = void (*)(const InputTable *, uint64_t, uint64_t, void *, const CommState *,
                             uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t);
@@ -120,6 +134,17 @@ static_assert(kHostRowThreads % kRowThreadQuantum == 0 &&
       PYAR_NAMED_WORLDS(prefix##_f32_plain_p4), PYAR_NAMED_WORLDS(prefix##_f16_plain_p1),     \
       PYAR_NAMED_WORLDS(prefix##_f16_plain_p2), PYAR_NAMED_WORLDS(prefix##_bf16_plain_p1),    \
       PYAR_NAMED_WORLDS(prefix##_bf16_plain_p2)
+// Split's kernel A (no quantization kind) and kernel B (this rank's rows alone).
+#define PYAR_NAMED_SPLIT(prefix)                                                              \
+  PYAR_NAMED_WORLDS(prefix##_f32_p1), PYAR_NAMED_WORLDS(prefix##_f32_p2),                     \
+      PYAR_NAMED_WORLDS(prefix##_f32_p4), PYAR_NAMED_WORLDS(prefix##_f16_p1),                 \
+      PYAR_NAMED_WORLDS(prefix##_f16_p2), PYAR_NAMED_WORLDS(prefix##_bf16_p1),                \
+      PYAR_NAMED_WORLDS(prefix##_bf16_p2)
+#define PYAR_NAMED_LOCAL(prefix)                                                              \
+  PYAR_NAMED(prefix##_f32_plain_p1), PYAR_NAMED(prefix##_f32_plain_p2),                       \
+      PYAR_NAMED(prefix##_f32_plain_p4), PYAR_NAMED(prefix##_f16_plain_p1),                   \
+      PYAR_NAMED(prefix##_f16_plain_p2), PYAR_NAMED(prefix##_bf16_plain_p1),                  \
+      PYAR_NAMED(prefix##_bf16_plain_p2)
 
 const std::map<std::string, void *> &entries() {
   static const std::map<std::string, void *> table = {
@@ -127,6 +152,8 @@ const std::map<std::string, void *> &entries() {
       PYAR_NAMED_TYPES(pyar_allreduce_two_shot),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_one_stage),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_two_stage),
+      PYAR_NAMED_SPLIT(pyar_allreduce_rmsnorm_split),
+      PYAR_NAMED_LOCAL(pyar_add_rmsnorm),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f32_f32),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f16_f16),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f16_f32),
@@ -171,10 +198,15 @@ struct Options {
   uint32_t disagree_rank = ~0u;
   uint64_t disagree_call = ~0ull;
   bool ignore_signature = false;
+  bool failed_word = true;
+  int stale = -1;
+  bool no_idle_fill = false;
 
   std::vector<std::string> kernels;  // call c runs kernels[c % size]
 
-  static bool fused(const std::string &k) { return k == "onestage" || k == "twostage"; }
+  static bool fused(const std::string &k) {
+    return k == "onestage" || k == "twostage" || k == "split";
+  }
   static bool sharded(const std::string &k) { return k == "reducescatter" || k == "allgather"; }
   bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
   const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
@@ -211,8 +243,8 @@ Options parse(int argc, char **argv) {
     o.kernels.push_back(o.kernel.substr(first, plus - first));
     const std::string &k = o.kernels.back();
     if (k != "oneshot" && k != "twoshot" && !Options::fused(k) && !Options::sharded(k))
-      usage("KERNEL is oneshot, twoshot, onestage, twostage, reducescatter or allgather, or "
-            "several joined by '+', not " + o.kernel);
+      usage("KERNEL is oneshot, twoshot, onestage, twostage, split, reducescatter or "
+            "allgather, or several joined by '+', not " + o.kernel);
     first = plus + 1;
   }
   if (o.world < 2 || o.world > uint32_t(pyar::kMaxRanks)) usage("WORLD is 2..8");
@@ -232,10 +264,13 @@ Options parse(int argc, char **argv) {
     else if (key == "--epoch-start")
       o.set_epoch = true, o.epoch_start = uint32_t(std::stoull(value, nullptr, 0));
     else if (key == "--skip") o.skip = phase(value);
+    else if (key == "--stale") o.stale = phase(value);
+    else if (key == "--idle-fill") o.no_idle_fill = value == "off";
     else if (key == "--absent") std::tie(o.absent_rank, o.absent_call) = rank_and_call(key, value);
     else if (key == "--disagree")
       std::tie(o.disagree_rank, o.disagree_call) = rank_and_call(key, value);
     else if (key == "--signature-check") o.ignore_signature = value == "off";
+    else if (key == "--failed-word") o.failed_word = value != "off";
     else if (key == "--reached") o.unsigned_reached = value == "unsigned";
     else if (key == "--seed") o.seed = std::stoull(value);
     else if (key == "--jitter") o.jitter = uint32_t(std::stoul(value));
@@ -257,6 +292,8 @@ Options parse(int argc, char **argv) {
     usage("one-shot cannot write in place over a registered input");
   if (o.max_size % sizeof(Pack16) || o.max_size == 0) usage("--max-size is a multiple of 16");
   if (o.blocks == 0 || o.blocks > uint32_t(pyar::kMaxBlocks)) usage("--blocks is 1..256");
+  if (o.stale >= 0 && !o.set_epoch) usage("--stale needs --epoch-start");
+  if (o.stale == pyar::kStart) usage("--stale is mid or exit: every kernel waits at start");
   return o;
 }
 
@@ -276,7 +313,7 @@ int pattern(uint64_t seed, uint32_t rank, uint64_t call, uint64_t i) {
 uint64_t signature(const std::string &kernel, uint64_t count, const std::string &dtype,
                    bool registered, uint32_t variant) {
   static const std::map<std::string, uint64_t> operations = {
-      {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4},
+      {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4}, {"split", 5},
       {"reducescatter", 6}, {"allgather", 7}};
   const uint64_t dtype_code = dtype == "f32" ? 1 : dtype == "f16" ? 2 : 3;
   return count | operations.at(kernel) << 40 | dtype_code << 48 | uint64_t(registered) << 52 |
@@ -337,7 +374,7 @@ struct Run {
       Rank &k = ranks[r];
       k.rank = r;
       k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size);
-      if (o.set_epoch) start_epochs(k.signal(), o.epoch_start);
+      if (o.set_epoch) start_epochs(k.signal(), o.epoch_start, o.stale);
     }
     for (uint32_t r = 0; r < o.world; ++r) {
       Rank &k = ranks[r];
@@ -353,12 +390,14 @@ struct Run {
     }
   }
 
-  // The test hook of epoch wrap: as if this many calls had run already.
-  static void start_epochs(pyar::Signal *s, uint32_t epoch) {
+  // The test hook of epoch wrap: as if this many calls had run already, the
+  // last 2^31 of them (--stale) without storing into phase `stale`'s slots.
+  static void start_epochs(pyar::Signal *s, uint32_t epoch, int stale) {
     for (int b = 0; b < pyar::kMaxBlocks; ++b) {
       s->epoch[b] = epoch;
       for (int p = 0; p < pyar::kPhases; ++p)
-        for (int r = 0; r < pyar::kMaxRanks; ++r) s->flags[p][b][r] = epoch;
+        for (int r = 0; r < pyar::kMaxRanks; ++r)
+          s->flags[p][b][r] = p == stale ? epoch - (1u << 31) : epoch;
     }
   }
 
@@ -528,16 +567,29 @@ struct Run {
       const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
       const RowGeometry g = row_launch(count, sizeof(T));
       if (k.geometry.blocks == 0) k.geometry = g;
-      const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
       const uint32_t call = k.call++;
       Pack16 *res = reinterpret_cast<Pack16 *>(residual + first * hidden);
       Pack16 *dst = reinterpret_cast<Pack16 *>(y + first * hidden);
       const uint64_t sig = signature_of(k.rank, c, name, count * hidden);
-      host::launch(g.blocks, g.threads, [&] {
-        kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
-               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
-               sig, call);
-      });
+      if (name == "split") {  // kernel A, then kernel B on this rank's gather buffer
+        const auto reduce = reinterpret_cast<SplitEntry>(entry(fused_name(name, g)));
+        host::launch(g.blocks, g.threads, [&] {
+          reduce(table, in_offset, count, uint32_t(hidden), &k.state, timeout_ns, sig, call);
+        });
+        const auto norm = reinterpret_cast<LocalEntry>(entry(local_name(g)));
+        host::launch(g.blocks, g.threads, [&] {
+          norm(k.state.partial[k.rank], count, res, k.weight.data(), res, dst, nullptr, nullptr,
+               uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden),
+               o.failed_word ? &k.signal()->some_block_failed : nullptr);
+        });
+      } else {
+        const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
+        host::launch(g.blocks, g.threads, [&] {
+          kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
+                 uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
+                 sig, call);
+        });
+      }
       ++k.chunks;
     }
     if (skipped) k.touched += changed(residual_before, k.residual) + changed(y_before, k.y);
@@ -666,9 +718,14 @@ struct Run {
   }
 
   std::string fused_name(const std::string &name, const RowGeometry &g) const {
+    const std::string p = "_p" + std::to_string(g.per_thread) + "_w" + std::to_string(o.world);
+    if (name == "split") return "pyar_allreduce_rmsnorm_split_" + o.dtype + p;
     const std::string algo = name == "onestage" ? "one_stage" : "two_stage";
-    return "pyar_allreduce_rmsnorm_" + algo + "_" + o.dtype + "_plain_p" +
-           std::to_string(g.per_thread) + "_w" + std::to_string(o.world);
+    return "pyar_allreduce_rmsnorm_" + algo + "_" + o.dtype + "_plain" + p;
+  }
+
+  std::string local_name(const RowGeometry &g) const {
+    return "pyar_add_rmsnorm_" + o.dtype + "_plain_p" + std::to_string(g.per_thread);
   }
 
   std::string allreduce_name(const std::string &name) const {
@@ -726,6 +783,11 @@ int main(int argc, char **argv) {
 #else
   if (o.ignore_signature)
     usage("--signature-check off needs -DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature");
+#endif
+#if defined(PYAR_TEST_NO_IDLE_FILL)
+  host::no_idle_fill = o.no_idle_fill;
+#else
+  if (o.no_idle_fill) usage("--idle-fill off needs -DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill");
 #endif
   Run run(o);
   const auto started = std::chrono::steady_clock::now();

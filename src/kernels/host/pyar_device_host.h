@@ -3,7 +3,7 @@
 // where ranks and blocks are threads of one process (host_grid.h).  It
 // exists so that the protocol of pyar_protocol.h can be checked without a
 // GPU, under ThreadSanitizer (tests/test_protocol_host.py):
-//   - flag stores and loads are std::atomic_ref with the GPU's orders
+//   - flag stores and loads (64-bit words) are std::atomic_ref with the GPU's orders
 //     (release / acquire), so TSan sees exactly the ordering the protocol
 //     claims and nothing more;
 //   - peers' buffers are ordinary memory of the process and data moves with
@@ -68,9 +68,9 @@ inline __half __float2half_rn(float x) { return __half{_Float16(x)}; }  // round
 
 namespace pyar {
 
-PYAR_DEVICE void store_release_system(uint32_t *flag, uint32_t value) {
+PYAR_DEVICE void store_release_system(uint64_t *flag, uint64_t value) {
   host::maybe_delay();
-  std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
+  std::atomic_ref<uint64_t>(*flag).store(value, std::memory_order_release);
 }
 
 // The block's accesses precede a barrier's release: on the host the
@@ -84,13 +84,17 @@ PYAR_DEVICE void sync_block_before_release() { __syncthreads(); }
 // of the GPU's memory model this build cannot see; it sees a missing barrier.
 PYAR_DEVICE void fence_system() {}
 
-PYAR_DEVICE uint32_t load_acquire_system(const uint32_t *flag) {
+PYAR_DEVICE uint64_t load_acquire_system(const uint64_t *flag) {
   host::yield_lane();  // only spins load flags: let the block's other lanes run
-  return std::atomic_ref<uint32_t>(*const_cast<uint32_t *>(flag)).load(std::memory_order_acquire);
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t *>(flag)).load(std::memory_order_acquire);
 }
 
 PYAR_DEVICE void store_volatile(uint32_t *word, uint32_t value) {
   std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_relaxed);
+}
+
+PYAR_DEVICE void store_volatile(uint64_t *word, uint64_t value) {
+  std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_relaxed);
 }
 
 PYAR_DEVICE uint32_t load_volatile(const uint32_t *word) {
