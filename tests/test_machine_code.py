@@ -142,8 +142,10 @@ def test_check_catches_mutated_machine_code(amd_bundles, arch):
         pytest.skip(f"no compiler here builds {arch}")
     code = mc.disassemble_amd(OBJDUMP, code_objects[arch], arch)["pyar_allreduce_two_shot_f32_w4"]
     releases, acquires, problems = mc.check_amd_kernel(code, arch)
-    # per barrier: one release; the first flag load, the spinning one, the error word
-    assert (releases, acquires, problems) == (3, 9, [])
+    # per barrier: one release; the first flag load, the spinning one, the error word;
+    # and the start barrier's reads of a peer's signature (after a later call's flag,
+    # and on a disagreement the first and the waiting load)
+    assert (releases, acquires, problems) == (3, 12, [])
 
     # pyar's wait and the compiler's (when it emits one) both go
     no_wait, waiting = [], False
@@ -157,23 +159,10 @@ def test_check_catches_mutated_machine_code(amd_bundles, arch):
     _, _, problems = mc.check_amd_kernel(no_wait, arch)
     assert len(problems) == releases and all("without s_waitcnt" in p for p in problems)
 
-    # the waves' own waits before the block barrier go: the last vmcnt(0) wait before
-    # each s_barrier with no vector memory access or block end between them (as the rule
-    # reads it: walking on across a branch took the error word's acquire wait, which
-    # since the 64-bit flags sits in straight-line code before the spin's closing barrier)
-    block_waits = set()
-    for j, instruction in enumerate(code):
-        if instruction.mnemonic != "s_barrier":
-            continue
-        for i in range(j - 1, -1, -1):
-            if mc.is_vector_memory(code[i]) or mc.ends_block(code[i]):
-                break
-            if code[i].mnemonic == "s_waitcnt" and "vmcnt(0)" in code[i].operands:
-                block_waits.add(i)
-                break
-    no_block_wait = [ins for i, ins in enumerate(code) if i not in block_waits]
-    _, _, problems = mc.check_amd_kernel(no_block_wait, arch)
-    assert problems and all("reaches it without s_waitcnt vmcnt(0)" in p for p in problems)
+    # (The waves' own waits before a block barrier are held by the snippet below:
+    # since the start barrier's signature store moved after the flag, no shipped
+    # kernel has a vector memory access in flight at a barrier's s_barrier, so
+    # removing those waits from shipped code changes nothing the rule could see.)
 
     invalidate = "buffer_inv" if arch == "gfx942" else "buffer_wbinvl1_vol"
     no_invalidate = [ins for ins in code if ins.mnemonic != invalidate]

@@ -94,14 +94,16 @@ PYAR_DEVICE void store_volatile(uint64_t *word, uint64_t value) {
   *reinterpret_cast<volatile uint64_t *>(word) = value;
 }
 
-PYAR_DEVICE uint32_t load_volatile(const uint32_t *word) {
+// The error words, and on the slow path of a failed call a peer's signature.
+template <typename Word>
+PYAR_DEVICE Word load_volatile(const Word *word) {
 #if PYAR_AMD
   // An acquire, like every system-coherent load on AMD: the machine-code
   // check can then hold each of them to the acquire sequence (only slow
   // paths read these words).
   return __hip_atomic_load(word, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
 #else
-  return *reinterpret_cast<const volatile uint32_t *>(word);
+  return *reinterpret_cast<const volatile Word *>(word);
 #endif
 }
 

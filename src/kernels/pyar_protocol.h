@@ -19,7 +19,7 @@
 // the epoch, so the one acquire load that sees a peer arrive also brings
 // what it called, and the check costs no second round trip (call_digest
 // says which disagreements it can miss: about one in 2^32).  The full
-// signature goes into every peer's Signal before the flag, for the error
+// signature goes into every peer's Signal just after the flag, for the error
 // record only.  Every rank's block b sees the same W digests, so on a
 // disagreement every rank's block b records it and skips the call without
 // touching a peer's memory (nor waits at its later barriers: none of its
@@ -79,8 +79,11 @@ struct alignas(16) Signal {
   // own memory and writes nothing after a kernel A that failed (its sums
   // are stale).  Sticky like failed[b].
   uint32_t some_block_failed;
-  // [epoch & 1][block][rank]: rank's call, stored before its start flag
-  // and read only when the digests differ (for the host's error record).
+  // [epoch & 1][block][rank]: rank's call, stored just after its start
+  // flag (a store before it would hold up the flag's release until it
+  // completed) and read only when the digests differ, for the host's error
+  // record: the reader waits until the slot holds the signature whose digest
+  // the flag carried.
   // Two slots, because a call that disagreed skips its exit barrier: a peer
   // may then store its next call's signature before this rank has read this
   // call's.  It stores into this slot again only in the call after that,
@@ -194,9 +197,9 @@ constexpr uint32_t kNoIdlePhase = 0, kIdleMid = 1u << kMid, kIdleEnd = 1u << kEn
 //    release's clock on the slot across a relaxed store).
 // A block whose earlier call failed stores nothing (its start barrier
 // returns first), and no later call of it waits anywhere.  The stores are
-// issued with the signature's, before the block's synchronization: like it,
-// they complete there, and nothing but the release is in flight at the start
-// flag's store.
+// issued with the signature's, just after the start flag's release: before
+// it, the release would wait for them (it orders every earlier store of its
+// thread), and nothing needs them sooner than the kernel's end.
 template <uint32_t kIdle>
 PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t epoch) {
   static_assert((kIdle & ~(kIdleMid | kIdleEnd)) == 0, "only mid and end may be idle");
@@ -244,27 +247,29 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
   if (phase == kStart && block_failed()) return false;
   const uint32_t peer = threadIdx.x;
   const uint32_t digest = phase == kStart ? call_digest(info.signature) : 0;
+  Signal *theirs_signal = nullptr;
   uint64_t *flag = nullptr;
   const uint64_t *mine = nullptr;
   if (peer < W) {
     // Every address first: after the flag's acquire a load of the state
     // (which the stores might alias) would cost a round trip of its own.
-    // The loads and the signature's store complete at the block's
-    // synchronization, so nothing but the release is in flight at the flag
-    // store (what the negative fixture of the machine-code check relies on).
-    Signal *const theirs_signal = s.signals[peer], *const my_signal = s.signals[s.rank];
+    // The loads complete at the block's synchronization, so nothing but the
+    // release is in flight at the flag store (what the negative fixture of
+    // the machine-code check relies on).
+    theirs_signal = s.signals[peer];
     flag = &theirs_signal->flags[phase][blockIdx.x][s.rank];
-    mine = &my_signal->flags[phase][blockIdx.x][peer];
-    if (phase == kStart) {
-      theirs_signal->signature[epoch & 1][blockIdx.x][s.rank] = info.signature;
-      keep_idle_slots_current<kIdle>(theirs_signal, s.rank, epoch);
-    }
+    mine = &s.signals[s.rank]->flags[phase][blockIdx.x][peer];
   }
   sync_block_before_release();  // the block's earlier reads and writes precede the release
   int arrived = 1, differs = 0;
+  uint64_t seen = 0;
   if (peer < W) {
     store_release_system(flag, flag_word(epoch, digest));
-    uint64_t seen = load_acquire_system(mine);
+    if (phase == kStart) {
+      store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][s.rank], info.signature);
+      keep_idle_slots_current<kIdle>(theirs_signal, s.rank, epoch);
+    }
+    seen = load_acquire_system(mine);
     if (!reached(seen, epoch)) {
       const uint64_t since = now_ns();
       while (!reached(seen = load_acquire_system(mine), epoch)) {
@@ -289,12 +294,13 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     // call: the same acquire brought the peer's digest in its high half.
     // Only a build without the exit barrier (the positive control) lets a
     // peer store a later call's word first; that call's digest says nothing
-    // about this one, and this call's full signature decides instead.
+    // about this one, and this call's full signature decides instead (the
+    // peer stored it before the later flag's release that the acquire saw).
     if (phase == kStart && arrived) {
       const uint32_t theirs =
           uint32_t(seen) == epoch
               ? uint32_t(seen >> 32)
-              : call_digest(s.signals[s.rank]->signature[epoch & 1][blockIdx.x][peer]);
+              : call_digest(load_volatile(&s.signals[s.rank]->signature[epoch & 1][blockIdx.x][peer]));
       differs = disagree(theirs, digest);
     }
   }
@@ -307,9 +313,15 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
   }
   if (phase == kStart && __syncthreads_or(differs)) {  // the slow path only: a failed call
     if (threadIdx.x < W && arrived) {
-      // Every arrived peer's exact call, stored before the flag its acquire
-      // saw: the host's MismatchError names it.
-      const uint64_t theirs = s.signals[s.rank]->signature[epoch & 1][blockIdx.x][threadIdx.x];
+      // Every arrived peer's exact call, for the host's MismatchError: the
+      // peer stores it just after the flag this thread's acquire saw, so
+      // wait (bounded) for the signature with the flag's digest.
+      const uint64_t *slot = &s.signals[s.rank]->signature[epoch & 1][blockIdx.x][threadIdx.x];
+      uint64_t theirs = load_volatile(slot);
+      const uint64_t since = now_ns();
+      while (uint32_t(seen) == epoch && call_digest(theirs) != uint32_t(seen >> 32) &&
+             now_ns() - since < kGiveUpCheckNs)
+        theirs = load_volatile(slot);
       store_volatile(&s.error[3 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs));
       store_volatile(&s.error[4 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs >> 32));
     }

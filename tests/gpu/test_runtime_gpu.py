@@ -326,10 +326,10 @@ def test_module_from_file(rng):
 def test_get_global_allreduce_layout():
     module = _kernels.load("allreduce")
     ptr, size = module.get_global("pyar_allreduce_layout")
-    assert size == 5 * 8
+    assert size == 6 * 8
     assert hip.pointer_device(ptr) == hip.get_device()
-    values = struct.unpack("<5Q", device_bytes(ptr, size).tobytes())
-    signal_bytes, max_blocks, max_ranks, state_bytes, threads = values
+    values = struct.unpack("<6Q", device_bytes(ptr, size).tobytes())
+    signal_bytes, max_blocks, max_ranks, state_bytes, threads, failed_offset = values
     # Cross-check with the constants of the source the code object was built from.
     source = "\n".join(open(os.path.join(ROOT, "src", "kernels", name)).read()
                         for name in ("pyar_protocol.h", "allreduce.cu"))
@@ -353,7 +353,11 @@ def test_get_global_allreduce_layout():
     assert state_bytes == layout._STATE.size
     kernel_layout = layout.KernelLayout(module)
     assert (kernel_layout.signal_bytes, kernel_layout.max_blocks, kernel_layout.max_ranks,
-            kernel_layout.state_bytes, kernel_layout.threads) == values
+            kernel_layout.state_bytes, kernel_layout.threads,
+            kernel_layout.failed_offset) == values
+    # split's kernel B reads a word inside the Signal, past the flags and epochs.
+    assert 4 * max_blocks * (3 * max_ranks + 1) <= failed_offset < signal_bytes
+    assert failed_offset % 4 == 0
     with pytest.raises(hip.HipError) as info:
         module.get_global("pyar_no_such_global")
     assert info.value.call == "hipModuleGetGlobal"

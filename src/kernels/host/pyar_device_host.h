@@ -97,8 +97,9 @@ PYAR_DEVICE void store_volatile(uint64_t *word, uint64_t value) {
   std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_relaxed);
 }
 
-PYAR_DEVICE uint32_t load_volatile(const uint32_t *word) {
-  return std::atomic_ref<uint32_t>(*const_cast<uint32_t *>(word)).load(std::memory_order_relaxed);
+template <typename Word>
+PYAR_DEVICE Word load_volatile(const Word *word) {
+  return std::atomic_ref<Word>(*const_cast<Word *>(word)).load(std::memory_order_relaxed);
 }
 
 PYAR_DEVICE uint64_t now_ns() {
