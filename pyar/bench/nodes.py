@@ -61,10 +61,17 @@ def sweep(args, comm, mpi, largest, show, on_device=False):
     # Plain device allocations (ipc=True): what MPI can map when handed them.
     x = pyar.empty((largest // dtype.itemsize,), dtype, stream=stream, ipc=True)
     y = pyar.empty_like(x, ipc=True)
-    device_comm = HierarchicalCommunicator(
-        mpi, max_size=comm.max_size, timeout=comm.timeout, node_size=local.world,
-        inter_node="device") if on_device else None
+    device_comm = device_x = None
+    if on_device:
+        device_comm = HierarchicalCommunicator(
+            mpi, max_size=comm.max_size, timeout=comm.timeout, node_size=local.world,
+            inter_node="device")
+        # Its own copy of the input to register: two communicators of one
+        # process would each map the peers' export of the same allocation.
+        device_x = pyar.empty_like(x, ipc=True)
     x.set(exact.exact_inputs(x.size, mpi.Get_rank()).astype(dtype), stream=stream)
+    if device_x is not None:
+        _hip.memcpy_dtod(device_x.ptr, x.ptr, x.nbytes, stream)
     host = HostRoundTrip(mpi, x.size, dtype)
     lo, hi = shards.bounds(x.size, local.world, dtype.itemsize, local.rank)
     shard_buffer = pyar.empty((hi - lo,), np.float32, stream=stream)
@@ -86,14 +93,15 @@ def sweep(args, comm, mpi, largest, show, on_device=False):
                                2 * (world - 1) / world, _wrong(args, mpi, dst, expected, stream)))
         show(rows[-1])
         comm.register(src)
-        hierarchical = [(comm, method) for method in METHODS]
+        hierarchical = [(comm, method, src) for method in METHODS]
         if device_comm is not None:
-            device_comm.register(src)
-            hierarchical.append((device_comm, "allgather"))
-        for runs, method in hierarchical:
+            device_src = measure.prefix(device_x, count)
+            device_comm.register(device_src)
+            hierarchical.append((device_comm, "allgather", device_src))
+        for runs, method, source in hierarchical:
             runs.rail_method = method
             _hip.memset(dst.ptr, 0, dst.nbytes, stream)
-            seconds = timed(lambda: runs.allreduce(src, out=dst, stream=stream))
+            seconds = timed(lambda: runs.allreduce(source, out=dst, stream=stream))
             runs.synchronize(stream)
             name = "hier:device" if runs is device_comm else f"hier:{method}"
             rows.append(report.row(moved, count, args.dtype, name, "registered",

@@ -2,8 +2,8 @@
 real GPU, in this process, against the host path's arithmetic
 (pyar.comm.rail.add_in_order): bitwise equal for every row and output dtype,
 1 to 8 domains, counts around the kernel's groups of 4 and 1M+3, on random
-rows and on rows whose sum depends on the order of the additions, ties that
-round differently to 16 bits, infinities and NaN (NaN only as NaN: which
+rows and on rows whose sum depends on the order of the additions, sums near
+16-bit rounding boundaries, overflow, infinities and NaN (NaN only as NaN: which
 NaN an invalid addition gives is the processor's choice, x86 and GPUs choose
 differently).  So the device and host data paths of the hierarchical
 all-reduce give the same bits.  The positive control: the same comparison
@@ -67,7 +67,7 @@ def assert_same_sums(got, want):
 def order_sensitive_rows(domains, n, rng, dtype):
     """Rows whose float32 sum depends on the order: a large value, its
     negation, then small ones, kept in this order and lost in the reverse;
-    plus values at 16-bit rounding ties, inf, NaN."""
+    plus sums near 16-bit rounding boundaries, inf, NaN."""
     rows = rng.standard_normal((domains, n)).astype(np.float32)
     big = np.float32(2.0 ** 25) if dtype == F32 else np.float32(2.0 ** 12)
     rows[0, 0::3] = big
@@ -75,8 +75,8 @@ def order_sensitive_rows(domains, n, rng, dtype):
         rows[1, 0::3] = -big
         rows[2:, 0::3] = 0.75  # kept after big - big, lost when added to either first
     if n > 8:
-        rows[:, 1] = np.float32(1.0 + 2.0 ** -11)  # sums land on float16 ties
-        rows[:, 2] = np.float32(1.0 + 2.0 ** -8)   # and bfloat16 ones
+        rows[:, 1] = np.float32(1.0 + 2.0 ** -11)  # between two float16 values
+        rows[:, 2] = np.float32(1.0 + 2.0 ** -8)   # between two bfloat16 values
         rows[0, 4] = np.inf
         rows[-1, 5] = np.nan
         if domains > 1:
