@@ -212,6 +212,10 @@ def mpi_gpu_awareness(platform=None):
       kind).
     - Any other library, a query that is missing, a control variable that
       cannot be read: None.
+    Which transports the run selected is not checked: Open MPI 4 carries
+    device buffers with the ob1 PML over its CUDA-aware BTLs (smcuda within
+    a node, tcp between nodes) or with a CUDA-aware UCX; a run restricted to
+    others (``--mca btl self,vader``) is taken for GPU-aware all the same.
     """
     from mpi4py import MPI
     if platform is None:
