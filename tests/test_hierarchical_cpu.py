@@ -2,7 +2,9 @@
 arithmetic of its pieces, the host-side sum in domain order, and under
 mpirun (tests/mpi/hierarchical_cpu.py) the split into IPC domains and rails,
 node_size from the argument and PYAR_RANKS_PER_NODE, domains of different
-sizes, the dispatch from pyar.Communicator and the inter-node sums."""
+sizes, the dispatch from pyar.Communicator and the inter-node sums, and
+(tests/mpi/inter_node_cpu.py) the inter-node data path's choice and the
+device path's pipeline."""
 import shutil
 
 import ml_dtypes

@@ -172,7 +172,7 @@ def paths(sc, node_size):
     device.close()
     host.close()
     sc.report(test="hierarchical-paths", shape=shape, calls=calls, mismatches=sc.sum(wrong),
-              path_differences=sc.sum(differ), inter_node="device")
+              path_differences=sc.sum(differ), inter_node=device.inter_node)
 
 
 def fused(sc, comm, stream, shape):
