@@ -64,6 +64,8 @@ PYAR_DEVICE void rail_sum(const InT *rows, uint64_t pitch, uint64_t n, uint32_t 
     float total[kRailLanes], part[kRailLanes];
     Q::widen(in[i], total);
     const Vec *next = in + i;
+    // Unrolled so that several rows' loads are in flight before their adds.
+#pragma unroll 4
     for (uint32_t d = 1; d < domains; ++d) {
       next += row_quads;
       Q::widen(*next, part);
