@@ -57,11 +57,13 @@ def mpi_lines():
     except ImportError as exc:
         return [f"MPI: mpi4py cannot be imported ({exc})"]
     library = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
-    aware = diagnostics.mpi_gpu_aware()
-    verdict = {True: "yes", False: "no (pyar moves device data itself)",
-               None: "unknown (the library does not say)"}[aware]
+    awareness = diagnostics.mpi_gpu_awareness()
+    verdict = {True: "yes (across nodes pyar hands it device pointers)",
+               False: "no (across nodes pyar stages through host memory)",
+               None: "unknown (across nodes pyar stages through host memory)"}[awareness.aware]
     return [f"MPI: {library}, MPI {'.'.join(map(str, MPI.Get_version()))}, "
-            f"mpi4py {sys.modules['mpi4py'].__version__}; GPU-aware: {verdict}"]
+            f"mpi4py {sys.modules['mpi4py'].__version__}; GPU-aware: {verdict}; "
+            f"{awareness.why}"]
 
 
 def mps_line():

@@ -17,6 +17,7 @@ import ctypes
 import os
 import stat
 import sys
+from typing import NamedTuple, Optional
 
 from pyar import _hip, _kernels
 from pyar._kernels import targets
@@ -173,16 +174,139 @@ def require_mps(bus_ids):
         "or PYAR_REQUIRE_MPS=0 to run slowly anyway")
 
 
-def mpi_gpu_aware():
-    """True or False when the MPI library says whether it takes device
-    pointers (Open MPI's MPIX_Query_cuda_support / _rocm_support), else None."""
+class GpuAwareness(NamedTuple):
+    """Whether the MPI library takes device pointers in this run: ``aware``
+    is True, False, or None (it cannot be told); ``why`` says what was read."""
+    aware: Optional[bool]
+    why: str
+
+
+# The query each MPI family answers per platform: Open MPI's extension
+# (mpi-ext.h) and MPICH's (MPICH 4, and MPICH-derived libraries such as Cray's).
+_QUERIES = {"Open MPI": {"cuda": "MPIX_Query_cuda_support", "hip": "MPIX_Query_rocm_support"},
+            "MPICH": {"cuda": "MPIX_Query_cuda_support", "hip": "MPIX_Query_hip_support"}}
+# Open MPI before 5.0 answers MPIX_Query_cuda_support with how it was built;
+# whether CUDA support is on in this run is this MCA parameter (its default is
+# the built value; --mca opal_cuda_support 0 turns it off, and so does a
+# libcuda.so.1 that fails to load at MPI_Init).
+OPEN_MPI_4_CUDA_SWITCH = "opal_cuda_support"
+_MPI_T_THREAD_SINGLE = 0
+_MPI_SUCCESS = 0
+
+
+def mpi_gpu_awareness(platform=None):
+    """Whether the MPI library under mpi4py takes device pointers of
+    ``platform`` ("cuda" or "hip"; default: the loaded GPU runtime's, else
+    either) in this run.  Imports mpi4py (initializing MPI).  What is read:
+
+    - Open MPI 5 and later: ``MPIX_Query_cuda_support()`` /
+      ``MPIX_Query_rocm_support()``, which answer for this run (built with it
+      and its accelerator component in use).
+    - Open MPI 4: ``MPIX_Query_cuda_support()`` only says the library was
+      built with CUDA; then the run-time switch, the control variable
+      ``opal_cuda_support``, read through the MPI tool interface (MPI_T), must
+      be true.  Open MPI 4 has no ROCm query: None.
+    - MPICH and libraries derived from it (the version string names MPICH):
+      ``MPIX_Query_cuda_support()`` / ``MPIX_Query_hip_support()``, answered
+      at run time (MPIX_GPU_query_support: GPU support enabled, and this GPU
+      kind).
+    - Any other library, a query that is missing, a control variable that
+      cannot be read: None.
+    Which transports the run selected is not checked: Open MPI 4 carries
+    device buffers with the ob1 PML over its CUDA-aware BTLs (smcuda within
+    a node, tcp between nodes) or with a CUDA-aware UCX; a run restricted to
+    others (``--mca btl self,vader``) is taken for GPU-aware all the same.
+    """
+    from mpi4py import MPI
+    if platform is None:
+        try:
+            platform = _hip.platform()
+        except _hip.RuntimeNotFoundError:
+            answers = [mpi_gpu_awareness(p) for p in ("cuda", "hip")]
+            known = [a for a in answers if a.aware]
+            return known[0] if known else answers[0]
+    version = MPI.Get_library_version().strip("\x00 \n").splitlines()[0]
+    library = version.split(",")[0].strip()
+    family = next((name for name in _QUERIES if name.lower() in version.lower()), None)
+    if family is None:
+        return GpuAwareness(None, f"{library}: pyar knows how to ask only Open MPI and MPICH "
+                                  "whether they take device pointers")
+    symbol = _QUERIES[family][platform]
     process = ctypes.CDLL(None)
-    answers = []
-    for symbol in ("MPIX_Query_cuda_support", "MPIX_Query_rocm_support"):
-        query = getattr(process, symbol, None)
-        if query is not None:
-            answers.append(bool(query()))
-    return any(answers) if answers else None
+    query = getattr(process, symbol, None)
+    if query is None:
+        return GpuAwareness(None, f"{library} has no {symbol}()")
+    query.restype = ctypes.c_int
+    answer = query()
+    said = f"{library}: {symbol}() = {answer}"
+    if not answer or family != "Open MPI" or _open_mpi_major(version) >= 5:
+        return GpuAwareness(bool(answer), said)
+    if platform != "cuda":
+        return GpuAwareness(None, f"{said}, and Open MPI 4 cannot say more")
+    switch = mpi_t_control_variable(process, OPEN_MPI_4_CUDA_SWITCH)
+    if switch is None:
+        return GpuAwareness(None, f"{said} (built with CUDA), but its run-time switch "
+                                  f"{OPEN_MPI_4_CUDA_SWITCH} could not be read through MPI_T")
+    return GpuAwareness(bool(switch), f"{said} (built with CUDA), control variable "
+                                      f"{OPEN_MPI_4_CUDA_SWITCH} = {switch}")
+
+
+def _open_mpi_major(version):
+    """5 for "Open MPI v5.0.3, package: ..."; 0 when the text says no version."""
+    digits = version.split("v", 1)[-1].split(".")[0] if "Open MPI v" in version else ""
+    return int(digits) if digits.isdigit() else 0
+
+
+def mpi_t_control_variable(process, name):
+    """The integer or boolean control variable ``name`` of the MPI library
+    loaded in ``process`` (a ctypes library), as an int, read through the MPI
+    tool interface; None when it is missing, of another type, not a single
+    value, or any MPI_T call fails."""
+    from mpi4py import MPI
+    c_int, byref = ctypes.c_int, ctypes.byref
+    try:
+        functions = [getattr(process, f"MPI_T_{f}") for f in (
+            "init_thread", "cvar_get_index", "cvar_get_info", "cvar_handle_alloc",
+            "cvar_read", "cvar_handle_free", "finalize")]
+    except AttributeError:
+        return None
+    init, get_index, get_info, alloc, read, handle_free, finalize = functions
+    provided = c_int()
+    if init(_MPI_T_THREAD_SINGLE, byref(provided)) != _MPI_SUCCESS:
+        return None
+    try:
+        index = c_int()
+        if get_index(name.encode(), byref(index)) != _MPI_SUCCESS:
+            return None
+        # MPI_Datatype and MPI_T_enum are handles: pointer-sized or int, both
+        # fit a zeroed 64-bit slot.
+        datatype, enumtype = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        if get_info(index, None, byref(c_int(0)), byref(c_int()), byref(datatype),
+                    byref(enumtype), None, byref(c_int(0)), byref(c_int()),
+                    byref(c_int())) != _MPI_SUCCESS:
+            return None
+        # Open MPI 4 declares its boolean parameters MPI_C_BOOL.
+        kind = {MPI._handleof(MPI.INT): ctypes.c_int,
+                MPI._handleof(MPI.C_BOOL): ctypes.c_bool}.get(datatype.value)
+        if kind is None:
+            return None
+        handle, count = ctypes.c_void_p(), c_int()
+        if alloc(index, None, byref(handle), byref(count)) != _MPI_SUCCESS:
+            return None
+        try:
+            value = kind()
+            if count.value != 1 or read(handle, byref(value)) != _MPI_SUCCESS:
+                return None
+            return int(value.value)
+        finally:
+            handle_free(byref(handle))
+    finally:
+        finalize()
+
+
+def mpi_gpu_aware(platform=None):
+    """``mpi_gpu_awareness(platform).aware``: True, False, or None (unsure)."""
+    return mpi_gpu_awareness(platform).aware
 
 
 def node_problem(mpi_comm):

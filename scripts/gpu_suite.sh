@@ -43,6 +43,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export PYTHONUNBUFFERED=1 PYAR_REQUIRE_GPU=1 PYAR_RESULTS=$OUT/results.jsonl
 export PYAR_SCENARIO_LOG=$OUT/scenarios.log
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+# The hierarchical device data path's tests run under a CUDA-aware Open MPI
+# when one is unpacked there (they skip without it).
+if [ -z "${PYAR_TEST_CUDA_AWARE_MPI:-}" ] && [ -x /opt/pyar-ompi-cuda/bin/mpirun ]; then
+  export PYAR_TEST_CUDA_AWARE_MPI=/opt/pyar-ompi-cuda
+fi
 rm -f "$OUT/results.jsonl" "$OUT/scenarios.log" "$OUT/examples.tsv"
 
 echo "== build"

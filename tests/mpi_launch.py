@@ -14,8 +14,14 @@ ROOT = os.path.dirname(HERE)
 RESULT_PREFIX = "PYAR-RESULT "
 
 
-def mpirun_command(nranks):
-    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+# Where a CUDA-aware Open MPI is installed (scripts/cuda_aware_openmpi.sh of
+# the mpi branch builds one): the device data path's tests run under it.
+CUDA_AWARE_MPI = "PYAR_TEST_CUDA_AWARE_MPI"
+
+
+def mpirun_command(nranks, path=None):
+    """mpirun (or mpiexec) found on ``path`` (default: $PATH) for ``nranks``."""
+    mpirun = shutil.which("mpirun", path=path) or shutil.which("mpiexec", path=path)
     if mpirun is None:
         raise RuntimeError("mpirun not found: install Open MPI (openmpi-bin)")
     return [mpirun, "-n", str(nranks), "--oversubscribe", "--bind-to", "none"]
@@ -31,7 +37,8 @@ def run_scenario(scenario, nranks, *args, timeout=600, env=None):
                     PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
     full_env.update(env or {})
-    command = mpirun_command(nranks) + [sys.executable, script, *map(str, args)]
+    command = mpirun_command(nranks, full_env.get("PATH")) + [sys.executable, script,
+                                                               *map(str, args)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                               env=full_env, cwd=ROOT)
@@ -47,6 +54,26 @@ def run_scenario(scenario, nranks, *args, timeout=600, env=None):
                if line.startswith(RESULT_PREFIX)]
     record(results)
     return done.stdout, results
+
+
+def cuda_aware_mpi_env():
+    """The environment that runs mpirun and its ranks (mpi4py included: the
+    4.1 series keeps libmpi.so.40's ABI) on the CUDA-aware Open MPI at
+    $PYAR_TEST_CUDA_AWARE_MPI, with device buffers on: the ob1 PML, the
+    smcuda BTL (CUDA IPC between the ranks of a machine) and
+    opal_cuda_support on.  None when the variable is unset."""
+    prefix = os.environ.get(CUDA_AWARE_MPI)
+    if not prefix:
+        return None
+    if not os.access(os.path.join(prefix, "bin", "mpirun"), os.X_OK):
+        raise RuntimeError(f"{CUDA_AWARE_MPI}={prefix!r}: no bin/mpirun there")
+    library_path = os.environ.get("LD_LIBRARY_PATH")
+    return {"OPAL_PREFIX": prefix,
+            "PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", ""),
+            "LD_LIBRARY_PATH": os.path.join(prefix, "lib") + (
+                os.pathsep + library_path if library_path else ""),
+            "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,smcuda",
+            "OMPI_MCA_opal_cuda_support": "1"}
 
 
 def keep_log(command, outcome, stdout, stderr):

@@ -178,6 +178,10 @@ def test_row_count_across_nodes():
     args = bench.parse_args(["-b", "4K", "-e", "32K", "--node-size", "2"])
     assert bench.point_count(args, 2) == 4 * (1 + 2 + 2)   # mpi, 2 rail methods, rs + ag
     assert bench.point_count(args, 1) == 4 * (1 + 2)       # domains of one rank: no rs/ag
+    # MPI GPU-aware: hier:device, and mpi/device where MPI can sum the dtype (float32)
+    assert bench.point_count(args, 2, on_device=True) == 4 * (1 + 2 + 2 + 1)
+    args = bench.parse_args(["-b", "4K", "-e", "32K", "--node-size", "2", "-d", "float32"])
+    assert bench.point_count(args, 2, on_device=True) == 4 * (1 + 2 + 2 + 2)
 
 
 def test_row_bandwidths():

@@ -2,7 +2,9 @@
 arithmetic of its pieces, the host-side sum in domain order, and under
 mpirun (tests/mpi/hierarchical_cpu.py) the split into IPC domains and rails,
 node_size from the argument and PYAR_RANKS_PER_NODE, domains of different
-sizes, the dispatch from pyar.Communicator and the inter-node sums."""
+sizes, the dispatch from pyar.Communicator and the inter-node sums, and
+(tests/mpi/inter_node_cpu.py) the inter-node data path's choice and the
+device path's pipeline."""
 import shutil
 
 import ml_dtypes
@@ -92,4 +94,17 @@ def test_hierarchical_pipeline_with_host_stand_ins(nranks):
     pieces per call, exact bits in the documented order, identical on every
     rank, in place, capture refused, a skipped domain timing out."""
     _, rows = run_scenario("hierarchical_pipeline_cpu", nranks, timeout=300)
+    assert len(rows) == 1 and rows[0]["calls"] > 0, rows
+
+
+@needs_mpirun
+@pytest.mark.parametrize("nranks", [4, 6])  # shapes 4x1, 2x2; 6x1, 3x2, 2x3
+def test_inter_node_path_choice_and_device_pipeline(nranks):
+    """pyar.comm.inter_node under mpirun (tests/mpi/inter_node_cpu.py): "auto"
+    stages on this machine's MPI, "device" and PYAR_INTER_NODE=device raise
+    on every rank, ranks that disagree raise on every rank; with the
+    library's answer replaced, the device path's pipeline on the host
+    stand-ins gives the host path's bits in every shape and dtype, and a
+    skipped domain times out there too."""
+    _, rows = run_scenario("inter_node_cpu", nranks, timeout=300)
     assert len(rows) == 1 and rows[0]["calls"] > 0, rows

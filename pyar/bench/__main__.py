@@ -205,15 +205,16 @@ def _time_point(args, comm, mpi, src, dst, algo, mode, iterations, stream):
     return seconds
 
 
-def point_count(args, local_world=None):
-    """How many rows a run prints (for the progress bar)."""
+def point_count(args, local_world=None, on_device=False):
+    """How many rows a run prints (for the progress bar); ``on_device``:
+    across nodes, with the device data path's rows."""
     if args.fused:
         return 2 * len(args.quants) * len(args.tokens)
     largest = largest_message(args)
     if args.node_size is None:
         per_size = 1 + len(args.algos) + args.staged + args.graph
     else:
-        per_size = nodes.points_per_size(local_world)
+        per_size = nodes.points_per_size(local_world, on_device, DTYPES[args.dtype])
     return per_size * len(list(doubling(args.min, largest, args.factor)))
 
 
@@ -230,23 +231,27 @@ def main(argv=None):
     if mpi.Get_size() < 2:
         raise SystemExit("python -m pyar.bench: run under mpirun with at least 2 ranks")
     leader = mpi.Get_rank() == 0
-    with pyar.Communicator(mpi, max_size=args.max_size, node_size=args.node_size) as comm:
+    # Across nodes this communicator takes the host data path; the device
+    # path's rows (nodes.sweep) get a communicator of their own.
+    with pyar.Communicator(mpi, max_size=args.max_size, node_size=args.node_size,
+                           inter_node="host") as comm:
         across = isinstance(comm, HierarchicalCommunicator)
         if args.node_size is not None and not across:
             raise SystemExit(f"python -m pyar.bench: --node-size {args.node_size} leaves all "
                              f"{comm.world} ranks in one IPC domain; pick a smaller one")
+        on_device = across and nodes.measures_device_path(comm, mpi)
         extra = _environment(comm, mpi)
         device = _hip.Device(comm.device)
         what = (f"pyar allreduce_rmsnorm (fused) vs all-reduce + add_rmsnorm + quantize "
                 f"(unfused), hidden {args.hidden}" if args.fused else
-                f"pyar all-reduce across nodes, {nodes.heading(comm)}" if across else
+                f"pyar all-reduce across nodes, {nodes.heading(comm, on_device)}" if across else
                 "pyar all-reduce")
         title = (f"{what}, {comm.world} ranks on "
                  f"{'one shared ' if extra['one_gpu'] else ''}{device.name} ({device.arch}), "
                  f"{args.dtype}")
         table = fused.table() if args.fused else report.table()
         cells = fused.cells if args.fused else report.cells
-        progress = Progress(point_count(args, comm.local.world if across else None),
+        progress = Progress(point_count(args, comm.local.world if across else None, on_device),
                             enabled=leader and not args.no_progress)
         if leader:
             print(f"## {title}\n\n{table.header()}", flush=True)
@@ -260,7 +265,7 @@ def main(argv=None):
             rows = fused.sweep(args, comm, mpi, extra["copy_bandwidth_GBps"] and
                                extra["copy_bandwidth_GBps"] * 1e9, show)
         elif across:
-            rows = nodes.sweep(args, comm, mpi, largest_message(args), show)
+            rows = nodes.sweep(args, comm, mpi, largest_message(args), show, on_device)
         else:
             rows = sweep(args, comm, mpi, extra, show)
         progress.close()

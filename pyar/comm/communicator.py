@@ -10,6 +10,7 @@ import numpy as np
 from pyar import _hip, _kernels, diagnostics
 from pyar.array import DeviceArray, asarray, empty
 from pyar.comm import _eager, algorithms, exchange, layout, rmsnorm, shards, topology
+from pyar.comm import inter_node as inter_node_path
 from pyar.comm.errors import CollectiveTimeout, MismatchError, PeerAccessError
 from pyar.comm.registry import BufferRegistry
 from pyar.comm.resources import Resources
@@ -87,6 +88,9 @@ class Communicator(_eager.EagerCalls):
     ``debug`` (default ``PYAR_DEBUG``) checks before each call that all ranks
     passed the same arguments; without it the kernels still compare every
     rank's call at their start barrier and raise MismatchError.
+    ``inter_node`` (default ``PYAR_INTER_NODE``) picks the data path between
+    IPC domains ("auto", "host", "device": pyar.comm.inter_node); over one
+    domain it is checked and has nothing to pick.
 
     Calls on one communicator must be ordered with respect to each other
     (one stream, or streams the caller synchronizes), like NCCL's.
@@ -112,7 +116,8 @@ class Communicator(_eager.EagerCalls):
         return super().__new__(cls)
 
     def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
-                 node_size=None, kernels=None, debug=None, gpu_sharers=None):
+                 node_size=None, kernels=None, debug=None, gpu_sharers=None, inter_node=None):
+        inter_node_path.requested(inter_node)
         if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size <= 0:
             raise ValueError(f"max_size must be a positive int (bytes), got {max_size!r}")
         timeout = resolve_timeout(timeout)

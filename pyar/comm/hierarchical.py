@@ -5,18 +5,26 @@ allreduce(x), in pieces of ``local world * PIECE_SHARD_ELEMENTS`` elements:
 1. the domain's reduce_scatter (pyar kernel) of the piece into a float32
    shard per rank (16-bit inputs are summed, not rounded: one rounding in
    all, at the end);
-2. the shard, copied to pinned host memory, summed over the rail (the ranks
-   with this domain rank on every domain) by pyar.comm.rail, which gives
-   every rail rank the same bits, rounded once to the input's dtype;
-3. copied back, and the domain's all_gather (pyar kernel) into the output.
+2. the shard summed over the rail (the ranks with this domain rank on
+   every domain), the same bits on every rail rank, rounded once to the
+   input's dtype, on one of two data paths (pyar.comm.inter_node):
+   - "host": copied to pinned host memory, summed by pyar.comm.rail
+     (all-gather or reduce-scatter over MPI, added on the host), copied back;
+   - "device": MPI all-gathers the device shards straight into a device
+     buffer (pyar.comm.rail.gather_on_device), and a pyar kernel adds them in
+     domain order (pyar.comm.rail_kernel), the host path's additions in the
+     same order, so both paths give the same bits;
+3. the domain's all_gather (pyar kernel) into the output.
 Every element is summed once, in one order, so every rank of every domain
-gets the same bits.  Piece p + 1's reduce-scatter and copy to the host are
+gets the same bits.  Piece p + 1's reduce-scatter (and copy to the host) is
 queued before the host waits for piece p's, so the GPU works on the next
 piece while MPI moves this one (double-buffered device and pinned buffers).
 
-The inter-node step always goes through pinned host memory: handing device
-pointers to an MPI that is not GPU-aware segfaults (Open MPI 4.1.6 as Ubuntu
-ships it), and ``gpu_aware_mpi`` reports what the library says about itself.
+"device" is taken only with an MPI library that takes device pointers in
+this run (pyar.diagnostics.mpi_gpu_awareness; "auto" stages when unsure):
+handing them to one that does not segfaults (Open MPI 4.1.6 as Ubuntu ships
+it).  ``inter_node`` says which path a communicator took, ``gpu_aware_mpi``
+what the library said.
 
 Limits: a collective that crosses domains cannot be captured in a graph (its
 MPI calls run on the host, outside any stream), and each call waits on the
@@ -28,9 +36,9 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from pyar import _hip, diagnostics
+from pyar import _hip
 from pyar.array import DeviceArray, empty
-from pyar.comm import exchange, rail, rmsnorm, shards
+from pyar.comm import exchange, inter_node as paths, rail, rail_kernel, rmsnorm, shards
 from pyar.comm.communicator import DEFAULT_MAX_SIZE, Communicator, resolve_timeout
 from pyar.comm.bounded import BoundedComm
 from pyar.comm.errors import CollectiveTimeout
@@ -50,8 +58,13 @@ class HierarchicalCommunicator:
     several domains (or directly, with the same arguments).  ``rank`` and
     ``world`` are the caller's communicator's; ``local`` is the one-node
     Communicator of this rank's domain, ``domains`` their number and
-    ``domain`` this rank's.  ``rail_method`` picks the inter-node sum
-    (pyar.comm.rail).  ``timeout`` bounds every wait for peers: the
+    ``domain`` this rank's.  ``inter_node`` ("auto", "host" or "device";
+    default $PYAR_INTER_NODE, else "auto") picks the inter-node data path
+    (pyar.comm.inter_node: "device" raises ValueError on every rank unless
+    the MPI library is known to take device pointers); the attribute then
+    holds the one taken, "host" or "device".  ``rail_method`` picks the
+    inter-node sum (pyar.comm.rail; the device path takes "allgather" only).
+    ``timeout`` bounds every wait for peers: the
     kernels' and each inter-node step's alike (a rank whose kernel gave up
     raises instead of coming to the inter-node step, so a peer that is
     missing there longer than a kernel would wait for it has failed); the
@@ -59,7 +72,8 @@ class HierarchicalCommunicator:
     (pyar/comm/bounded.py says why)."""
 
     def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
-                 node_size=None, kernels=None, debug=None, rail_method="auto"):
+                 node_size=None, kernels=None, debug=None, rail_method="auto",
+                 inter_node=None):
         timeout = resolve_timeout(timeout)
         rail.choose(rail_method, 2)
         self._closed = True  # until construction completes
@@ -69,6 +83,7 @@ class HierarchicalCommunicator:
             raise ValueError("one IPC domain holds every rank: pyar.Communicator runs its "
                              "collectives directly, without a hierarchical step")
         try:
+            path, awareness = paths.agree(mpi_comm, inter_node, _hip.platform(), rail_method)
             device, sharers = _device_and_sharers(mpi_comm, device, split.node_rank)
             made = []  # domains fail or succeed whole: closing what was made is collective
             try:
@@ -93,27 +108,41 @@ class HierarchicalCommunicator:
         self.device = self.local.device
         self.timeout = self.local.timeout
         self.max_size = self.local.max_size
-        self._rail = rail.Rail(split.rail, timeout, rail_ranks, self.rank, rail_method)
+        self.inter_node = path
+        self._rail = rail.Rail(split.rail, timeout, rail_ranks, self.rank, rail_method,
+                               on_device=path == "device")
         self.debug = self.local.debug
         # PYAR_DEBUG's agreement check across the domains (the domain's
         # communicator checks its own calls).
         self._everyone = BoundedComm(mpi_comm.Dup(), 2 * timeout) if self.debug else None
-        self.gpu_aware_mpi = diagnostics.mpi_gpu_aware()
+        self.gpu_aware_mpi = awareness.aware
         self._failure = None
         self._calls = 0
         self._sums = None  # allreduce_rmsnorm's sum array when there is no out
         self._resources = Resources(self.device)
         self._finalizer = weakref.finalize(self, Resources.release, self._resources)
         self._piece_shard = PIECE_SHARD_ELEMENTS
+        self._on_device = path == "device"
+        self._rail_sum = rail_kernel.RailSum(self.local._load_module("rail"), self.device) \
+            if self._on_device else None
         self._buffers = [self._piece_buffers() for _ in range(2)]
         self._idle = _hip.Stream()  # never used: see _check_local
         self._closed = False
 
     def _piece_buffers(self):
         """One piece's device shard (float32), device result and pinned host
-        buffers (float32 send with the rail's padding, result of any dtype)."""
+        buffers (float32 send with the rail's padding, result of any dtype);
+        on the device path, instead of the host buffers, the device buffer
+        the rail's all-gather fills (plain device allocations, which MPI can
+        map: rail_kernel.pitch says why rows are padded)."""
         res = self._resources
         elements = self._piece_shard
+        if self._on_device:
+            pitch = rail_kernel.pitch(elements)
+            return {"shard": res.device_memory(4 * pitch),
+                    "result": res.device_memory(4 * elements),
+                    "gathered": res.device_memory(4 * pitch * self.domains),
+                    "done": _hip.Event(timing=False)}
         # No numpy view of pinned memory outlives a call: it would keep the
         # memory from being freed.
         return {"shard": res.device_memory(4 * elements),
@@ -136,7 +165,7 @@ class HierarchicalCommunicator:
 
     @rail_method.setter
     def rail_method(self, method):
-        self._rail.method = rail.choose(method, self.domains)
+        self._rail.method = rail.choose(method, self.domains, self._on_device)
 
     def _check_usable(self):
         if self._closed:
@@ -152,6 +181,8 @@ class HierarchicalCommunicator:
             call = exc.call if what is None else f"{what}, in its {exc.call}"
             exc = CollectiveTimeout(call, [self._domain_ranks[r] for r in exc.missing],
                                     self.rank, exc.timeout, exc.late)
+        else:  # MPI may still write the buffers: never freed, not even when collected
+            self._finalizer.detach()
         self._failure = self._failure or exc
         return exc
 
@@ -229,15 +260,19 @@ class HierarchicalCommunicator:
 
     def _pipeline(self, x, out, stream, what):
         piece = self.local.world * self._piece_shard
+        if self._on_device:
+            shard, across = self._shard_on_device, self._across_on_device
+        else:
+            shard, across = self._to_host, self._across_and_back
         queued = None
         for number, first in enumerate(range(0, x.size, piece)):
             count = min(piece, x.size - first)
             step = (self._buffers[number % 2], first, count)
-            self._to_host(x, *step, stream)
+            shard(x, *step, stream)
             if queued is not None:
-                self._across_and_back(out, *queued, stream, what)
+                across(out, *queued, stream, what)
             queued = step
-        self._across_and_back(out, *queued, stream, what)
+        across(out, *queued, stream, what)
 
     def _to_host(self, x, buffers, first, count, stream):
         """Queue the piece's reduce-scatter and the copy of its shard to the host."""
@@ -275,6 +310,42 @@ class HierarchicalCommunicator:
         shard = _view(buffers["result"].ptr, hi - lo, out.dtype, buffers["result"])
         _hip.memcpy_htod(shard.ptr, result.view(np.uint8), stream)
         self.local.all_gather(shard, out=_view(target, count, out.dtype, out), stream=stream)
+
+    def _shard_on_device(self, x, buffers, first, count, stream):
+        """Queue the piece's reduce-scatter into the device shard buffer (a
+        domain of one rank: a copy of the piece, in its dtype, since MPI maps
+        only plain device allocations and the caller's may be pool memory)."""
+        piece = _view(x.ptr + first * x.dtype.itemsize, count, x.dtype, x)
+        if self.local.world > 1:
+            lo, hi = shards.bounds(count, self.local.world, x.dtype.itemsize, self.local.rank)
+            shard = _view(buffers["shard"].ptr, hi - lo, np.float32, buffers["shard"])
+            self.local.reduce_scatter(piece, out=shard, stream=stream)
+        else:
+            _hip.memcpy_dtod(buffers["shard"].ptr, piece.ptr, piece.nbytes, stream)
+        buffers["done"].record(stream)
+
+    def _across_on_device(self, out, buffers, first, count, stream, what):
+        """Once the piece's shard is ready: MPI's all-gather of the device
+        shards over the rail, their sum in domain order by the rail kernel
+        (into the all-gather's input, or straight into ``out`` for a domain
+        of one rank) and the domain's all-gather, queued."""
+        buffers["done"].synchronize()
+        if self.local.world > 1:
+            self._check_local()
+        lo, hi = shards.bounds(count, self.local.world, out.dtype.itemsize, self.local.rank)
+        target = out.ptr + first * out.dtype.itemsize
+        rows = np.dtype(np.float32) if self.local.world > 1 else out.dtype
+        summed = buffers["result"].ptr if self.local.world > 1 else target
+        if hi > lo:  # the same on every rank of the rail: it has this domain rank
+            self._rail.gather_on_device(
+                buffers["shard"].ptr, buffers["gathered"].ptr,
+                rail_kernel.pitch(hi - lo) * rows.itemsize, what,
+                (buffers["shard"], buffers["gathered"]))
+            self._rail_sum.launch(buffers["gathered"].ptr, rows, hi - lo, self.domains, summed,
+                                  out.dtype, stream)
+        if self.local.world > 1:
+            shard = _view(summed, hi - lo, out.dtype, buffers["result"])
+            self.local.all_gather(shard, out=_view(target, count, out.dtype, out), stream=stream)
 
     # --- fused all-reduce + RMSNorm ---------------------------------------------
 

@@ -13,6 +13,13 @@ method below uses it; each element's sum is formed once, in one order:
   least traffic beyond 2 domains, in two steps).
 "auto" takes the first at 2 domains and the second beyond.
 
+On the device data path (pyar.comm.inter_node) the shards are device memory
+and only "allgather" runs: ``gather_on_device`` hands MPI the device
+addresses, and pyar.comm.rail_kernel adds the rows on the GPU.  MPI's
+non-blocking reductions do not take device pointers (Open MPI 4.1's
+CUDA-aware reductions are blocking ones; its ``Ireduce_scatter_block`` on
+device memory runs the CPU's sum on device addresses and crashes).
+
 Every MPI step is non-blocking and bounded: after ``wait`` seconds without
 completion the rail raises CollectiveTimeout and is failed for good.  An
 abandoned request may still be progressed by MPI, so its buffers and the
@@ -32,9 +39,18 @@ METHODS = ("auto", "allgather", "reduce_scatter")
 _SPIN = 1.0
 
 
-def choose(method, domains):
+def choose(method, domains, on_device=False):
+    """The method "auto" (or ``method``) means for ``domains`` domains, on
+    host (or device, ``on_device``) buffers."""
     if method not in METHODS:
         raise ValueError(f"rail method must be one of {METHODS}, got {method!r}")
+    if on_device:
+        if method == "reduce_scatter":
+            raise ValueError("rail_method='reduce_scatter' needs the host data path: on "
+                             "device memory MPI's non-blocking Ireduce_scatter_block is not "
+                             "GPU-aware (Open MPI's crashes); the device path sums with "
+                             "'allgather' (use inter_node='host' for 'reduce_scatter')")
+        return "allgather"
     if method == "auto":
         return "allgather" if domains <= 2 else "reduce_scatter"
     return method
@@ -49,12 +65,14 @@ def send_capacity(elements, domains):
 class Rail:
     """Sums over ``comm`` (this rank's rail, ranks in domain order);
     ``ranks`` are the rail's ranks in the caller's communicator, for error
-    messages; every step waits at most ``wait`` seconds."""
+    messages; every step waits at most ``wait`` seconds.  ``on_device``:
+    the device data path (``gather_on_device``; method "allgather")."""
 
-    def __init__(self, comm, wait, ranks, rank, method="auto"):
+    def __init__(self, comm, wait, ranks, rank, method="auto", on_device=False):
         self.comm = comm
         self.domains = comm.Get_size()
-        self.method = choose(method, self.domains)
+        self.on_device = on_device
+        self.method = choose(method, self.domains, on_device)
         self.wait = wait
         self.ranks = tuple(ranks)
         self.rank = rank
@@ -86,6 +104,18 @@ class Rail:
         add_in_order(parts, result, self._buffer("total", n) if result.dtype != np.float32
                      else None)
         return result
+
+    def gather_on_device(self, send, receive, nbytes, what, owners):
+        """Every rail rank's ``nbytes`` at device address ``send`` into
+        device address ``receive``, in domain order (``domains * nbytes``
+        bytes); ``owners`` hold that memory and are kept for good if MPI is
+        abandoned with the request (it may still write them)."""
+        if self.failure is not None:
+            raise self.failure
+        request = self.comm.Iallgather([MPI.buffer.fromaddress(send, nbytes), MPI.BYTE],
+                                       [MPI.buffer.fromaddress(receive, self.domains * nbytes),
+                                        MPI.BYTE])
+        self._complete(request, owners, what)
 
     def _buffer(self, name, elements):
         buffer = self._buffers.get(name)

@@ -16,6 +16,16 @@ Modes:
                  fp32 and bf16 against float64, bitwise identical across
                  ranks.  A call under graph capture, and comm.capture(),
                  raise CaptureError.
+  paths K [K...]  For each node size K: the inter-node data paths side by
+                 side, under a GPU-aware MPI (tests/gpu/
+                 test_hierarchical_device_gpu.py launches it so):
+                 pyar.Communicator(..., node_size=K) must take "device" by
+                 itself ("auto"), a second one is told inter_node="host",
+                 rail_method="allgather"; random per-rank inputs in every
+                 dtype, counts 1, 7, 4095, 40001 and 1M+3: the device path's
+                 result within tolerance of float64, bitwise identical on
+                 every rank and bitwise equal to the host path's; 40001 also
+                 registered in place on the device path, the same bits.
   timeout K      node_size=K, timeout 2 s: the last rank (last node) skips a
                  call.  Its node's other ranks raise CollectiveTimeout (its
                  kernel's wait) naming it in the caller's ranks; the other
@@ -23,7 +33,10 @@ Modes:
                  step's wait); all within the timeout + slack, and again at
                  once on the next call; then every rank closes.
 
-Usage: hierarchical.py sums K [K ...] | timeout K
+Every row names the inter-node data path taken ($PYAR_INTER_NODE chooses it
+for sums and timeout).
+
+Usage: hierarchical.py sums K [K ...] | paths K [K ...] | timeout K
 """
 import hashlib
 import time
@@ -117,7 +130,49 @@ def sums(sc, node_size):
     stream.close()
     comm.close()
     sc.report(test="hierarchical", shape=shape, calls=calls, mismatches=sc.sum(wrong),
-              fused_calls=fused_calls, piece_shard=4096)
+              fused_calls=fused_calls, piece_shard=4096, inter_node=comm.inter_node)
+
+
+def paths(sc, node_size):
+    hierarchical.PIECE_SHARD_ELEMENTS = 4096
+    shape = f"{sc.world // node_size}x{node_size}"
+    made = dict(max_size=64 << 10, timeout=60.0, node_size=node_size)
+    device = pyar.Communicator(MPI.COMM_WORLD, **made)
+    host = pyar.Communicator(MPI.COMM_WORLD, inter_node="host", rail_method="allgather", **made)
+    sc.check((device.inter_node, device.gpu_aware_mpi, host.inter_node) ==
+             ("device", True, "host"),
+             f"{shape}: paths {device.inter_node!r} (GPU-aware: {device.gpu_aware_mpi}) and "
+             f"{host.inter_node!r}")
+    stream = pyar.Stream()
+    calls = wrong = differ = 0
+    for dtype in DTYPES:
+        for n in COUNTS + (BIG,):
+            key = 10 * n + node_size + 3
+            data = inputs(sc, dtype, n, sc.rank, key)
+            want, scale = reference(sc, dtype, n, key)
+            x = pyar.asarray(data, stream=stream)
+            got = device.allreduce(x, stream=stream).get(stream=stream)
+            staged = host.allreduce(x, stream=stream).get(stream=stream)
+            what = f"{shape} {dtype} n={n}"
+            wrong += not close_enough(sc, got, want, scale, dtype, f"{what} device path")
+            wrong += not identical(sc, got, f"{what} device path")
+            differ += not sc.check(np.array_equal(bits(got), bits(staged)),
+                                   f"{what}: the device path's bits differ from the host's")
+            calls += 2
+            if n == 40001:
+                shared = pyar.empty((n,), dtype, ipc=True)
+                shared.set(data, stream=stream)
+                device.register(shared)
+                device.allreduce(shared, out=shared, stream=stream)
+                sc.check(np.array_equal(bits(shared.get(stream=stream)), bits(got)),
+                         f"{what}: registered in place differs on the device path")
+                device.unregister(shared)
+                calls += 1
+    stream.close()
+    device.close()
+    host.close()
+    sc.report(test="hierarchical-paths", shape=shape, calls=calls, mismatches=sc.sum(wrong),
+              path_differences=sc.sum(differ), inter_node=device.inter_node)
 
 
 def fused(sc, comm, stream, shape):
@@ -204,14 +259,14 @@ def timeout(sc, node_size):
     sc.check(comm.closed, "not closed after close()")
     raised = sc.sum(elapsed is not None)
     sc.report(test="hierarchical-timeout", shape=f"{sc.world // node_size}x{node_size}",
-              timeout=TIMEOUT, elapsed=round(sc.max(elapsed or 0.0), 3), skipped_rank=last,
+              inter_node=comm.inter_node, timeout=TIMEOUT, elapsed=round(sc.max(elapsed or 0.0), 3), skipped_rank=last,
               raised=raised, expected=sc.world - 1)
 
 
 def main(sc):
     mode, sizes = sc.argv[0], [int(k) for k in sc.argv[1:]]
     for node_size in sizes:
-        {"sums": sums, "timeout": timeout}[mode](sc, node_size)
+        {"sums": sums, "paths": paths, "timeout": timeout}[mode](sc, node_size)
 
 
 if __name__ == "__main__":

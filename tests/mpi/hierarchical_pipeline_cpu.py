@@ -82,12 +82,17 @@ class FakeEvent:
 class FakeDevice:
     def __init__(self, ordinal):
         self.pci_bus_id = "0000:00:00.0"  # one GPU for every rank
+        self.multiprocessor_count = 1
 
 
 class FakeHip:
     Stream = FakeStream
     Event = FakeEvent
     Device = FakeDevice
+
+    @staticmethod
+    def platform():
+        return "cuda"
 
     @staticmethod
     def as_stream(stream):
@@ -104,6 +109,10 @@ class FakeHip:
         view = memoryview(src).cast("B")
         if view.nbytes:
             ctypes.memmove(dst, np.frombuffer(view, np.uint8).ctypes.data, view.nbytes)
+
+    @staticmethod
+    def memcpy_dtod(dst, src, size, stream=None):
+        ctypes.memmove(dst, src, size)
 
     @staticmethod
     def set_device(device):
@@ -150,6 +159,9 @@ class FakeLocal:
         self.debug = bool(debug)
         self.registered = []
         self.aborted = False
+
+    def _load_module(self, name):
+        return name
 
     def _device_array(self, x, what):
         return x
@@ -264,8 +276,11 @@ def check_debug(sc, k):
     comm.close()
 
 
-def check_timeout(sc, k):
-    comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=TIMEOUT, node_size=k)
+def check_timeout(sc, k, inter_node="host"):
+    """On the ``inter_node`` data path (tests/mpi/inter_node_cpu.py: "device")."""
+    comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=TIMEOUT, node_size=k,
+                                                 inter_node=inter_node)
+    sc.check(comm.inter_node == inter_node, f"took the {comm.inter_node!r} path")
     x = device_array(np.ones(100, np.float32))
     y = comm.allreduce(x)
     sc.check(np.array_equal(host_view(y.ptr, 100, np.dtype(np.float32)),
@@ -308,11 +323,16 @@ def check_registration_and_abort(sc, k):
     comm.abort()  # again: nothing to do
 
 
-def main(sc):
+def use_stand_ins():
+    """HierarchicalCommunicator on the stand-ins, pieces of 64 elements per rank."""
     hierarchical._hip = FakeHip
     hierarchical.Communicator = FakeLocal
     hierarchical.Resources = FakeResources
     hierarchical.PIECE_SHARD_ELEMENTS = 64
+
+
+def main(sc):
+    use_stand_ins()
     calls = 0
     sizes = [k for k in range(1, sc.world) if sc.world % k == 0]
     for k in sizes:
