@@ -30,7 +30,8 @@ from mpi4py import MPI
 OPS = ("iallgather", "ireduce_scatter_block", "allreduce", "reduce_scatter_block")
 ELEMENTS = 1 << 20  # per-rank block of float32: past every eager limit, so the rendezvous path runs
 # The MCA parameters that decide where device buffers go (mpirun --mca sets them so).
-SETTINGS = tuple(f"OMPI_MCA_{name}" for name in ("opal_cuda", "btl", "pml", "coll", "mpi_common_cuda"))
+SETTINGS = tuple(f"OMPI_MCA_{name}"
+                 for name in ("opal_cuda", "btl", "pml", "coll", "mpi_common_cuda"))
 WAIT = 60.0  # seconds a non-blocking call may take before the check gives up on it
 
 
@@ -233,7 +234,7 @@ def main():
         comm.Barrier()
         try:
             problem = mismatch(*run_op(op, comm, memory))
-        except Exception as exc:  # noqa: BLE001 - any rank's error is reported, then every rank aborts
+        except Exception as exc:  # noqa: BLE001 - any rank's error is reported, then all abort
             print(f"rank {comm.Get_rank()}: {op} raised {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
             comm.Abort(1)
