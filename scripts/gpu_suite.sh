@@ -22,6 +22,9 @@
 # PYAR_RANKS_PER_NODE=2).  PYAR_SUITE_NODE_SHAPES lists the "world:node_size"
 # runs of pyar.bench --node-size (bench kind "nodes"; default "8:4 8:2").
 #
+# PYAR_SUITE_MPI_TARBALL: a CUDA-aware Open MPI packed by scripts/cuda_aware_openmpi.sh,
+# for the hierarchical device data path's tests (below).
+#
 # Outputs in $OUT: build.log, pytest.log, junit.xml, results.jsonl, scenarios.log,
 # examples.tsv, examples.log, launch.json, launch_calls_w*.json, bench.json, bench_w8.png,
 # nodes_w*x*.png,
@@ -44,7 +47,12 @@ export PYTHONUNBUFFERED=1 PYAR_REQUIRE_GPU=1 PYAR_RESULTS=$OUT/results.jsonl
 export PYAR_SCENARIO_LOG=$OUT/scenarios.log
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 # The hierarchical device data path's tests run under a CUDA-aware Open MPI
-# when one is unpacked there (they skip without it).
+# when one is unpacked there (they skip without it); PYAR_SUITE_MPI_TARBALL
+# names the PREFIX.tar.zst of scripts/cuda_aware_openmpi.sh /opt/pyar-ompi-cuda
+# to unpack first (the GPU machine has no network to build one).
+if [ -n "${PYAR_SUITE_MPI_TARBALL:-}" ] && [ ! -x /opt/pyar-ompi-cuda/bin/mpirun ]; then
+  zstd -dc "$PYAR_SUITE_MPI_TARBALL" | tar -C /opt -xf - || { echo "cannot unpack $PYAR_SUITE_MPI_TARBALL"; exit 1; }
+fi
 if [ -z "${PYAR_TEST_CUDA_AWARE_MPI:-}" ] && [ -x /opt/pyar-ompi-cuda/bin/mpirun ]; then
   export PYAR_TEST_CUDA_AWARE_MPI=/opt/pyar-ompi-cuda
 fi
