@@ -5,11 +5,13 @@ AMD (gfx9: gfx90a, gfx94x, gfx950), disassembled with llvm-objdump:
   release  every ``buffer_wbl2`` (the L2 write-back of a system-scope
            release) reaches the next global store or atomic only through an
            ``s_waitcnt`` with ``vmcnt(0)``: the write-back has completed before
-           the flag store (the wait LLVM before PR 178316 can drop); and the
-           block barrier before it (the nearest ``s_barrier``) is preceded by
-           an ``s_waitcnt vmcnt(0)`` with no vector memory access between:
-           every wave's own accesses are complete before the releasing wave
-           writes the L2 back;
+           the flag store (the wait LLVM before PR 178316 can drop); and on
+           every path into the block barrier before it (the nearest
+           ``s_barrier``) an ``s_waitcnt vmcnt(0)`` follows the last vector
+           memory access: every wave's own accesses are complete before the
+           releasing wave writes the L2 back (paths follow the direct
+           branches: a wave whose lanes all skip a block that waits, by
+           ``s_cbranch_execz``, reaches the barrier without that wait);
   acquire  every system-coherent load (gfx94x: ``sc0 sc1``; gfx90a: ``glc``
            without ``slc``) -- the flag loads of the spin loops and the error
            word, all acquires in pyar_device.h -- is followed by an
@@ -182,32 +184,64 @@ def _fence_before_barrier(code, i):
     return following is not None and following.mnemonic == "s_barrier"
 
 
-def _barrier_problems(code, i):
-    """[why] when the block barrier before the release at ``i`` (the nearest
-    s_barrier) is not preceded by the waves' own s_waitcnt vmcnt(0)."""
+def branch_target(instruction):
+    """The address a direct branch (``s_branch``, ``s_cbranch_*``) goes to: the
+    next instruction plus four times its signed 16-bit word offset; else None."""
+    if not instruction.mnemonic.startswith(("s_branch", "s_cbranch")):
+        return None
+    offset = int(instruction.operands.split()[0], 0)
+    return instruction.address + 4 + 4 * (offset - (1 << 16) if offset >= 1 << 15 else offset)
+
+
+def predecessors(code):
+    """[indices of the instructions that may run just before code[i]] for
+    every i: the one before it unless that one never falls through
+    (``s_branch``, ``s_endpgm``, ``s_setpc``), and every direct branch to it."""
+    index = {instruction.address: i for i, instruction in enumerate(code)}
+    before = [[] for _ in code]
+    for i, instruction in enumerate(code):
+        target = index.get(branch_target(instruction))
+        if target is not None:
+            before[target].append(i)
+        if i + 1 < len(code) and not instruction.mnemonic.startswith(
+                ("s_branch", "s_endpgm", "s_setpc")):
+            before[i + 1].append(i)
+    return before
+
+
+def _barrier_problems(code, i, before):
+    """[why] when on some path into the block barrier before the release at
+    ``i`` (the nearest s_barrier) a vector memory access is not followed by
+    the wave's own s_waitcnt vmcnt(0); ``before``: predecessors(code)."""
     barrier = next((j for j in range(i - 1, -1, -1) if code[j].mnemonic == "s_barrier"), None)
     if barrier is None:
         return [f"{code[i]!r}: no s_barrier before it"]
-    for earlier in reversed(code[:barrier]):
-        if _waits_for_memory(earlier):
-            return []
-        if is_vector_memory(earlier) or ends_block(earlier):
-            return [f"{code[barrier]!r} before {code[i]!r}: {earlier!r} reaches it without "
+    pending, seen = list(before[barrier]), set()
+    while pending:
+        j = pending.pop()
+        if j in seen or _waits_for_memory(code[j]):
+            continue
+        seen.add(j)
+        if is_vector_memory(code[j]):
+            return [f"{code[barrier]!r} before {code[i]!r}: {code[j]!r} reaches it without "
                     "s_waitcnt vmcnt(0)"]
+        pending.extend(before[j])
     return []
 
 
 def amd_release_problems(code):
     """(releases, [why]) for every buffer_wbl2 whose write-back is not waited
     for before the next store, atomic or branch, or whose block barrier
-    (the s_barrier before it) is not preceded by the waves' own wait."""
+    (the s_barrier before it) some path reaches without the waves' own wait."""
     problems, releases = [], 0
+    before = None
     for i, instruction in enumerate(code):
         if instruction.mnemonic != "buffer_wbl2":
             continue
         releases += 1
         if not _fence_before_barrier(code, i):
-            problems.extend(_barrier_problems(code, i))
+            before = before or predecessors(code)
+            problems.extend(_barrier_problems(code, i, before))
         for later in code[i + 1:]:
             if _waits_for_memory(later):
                 break

@@ -200,7 +200,8 @@ def test_host_launches_kernels_the_source_defines(kernel_source):
     names, ctypes = _kernel_entries(kernel_source)
     assert len(names) == 2 * 3 * 7, sorted(names)
     kinds = {"const pyar::InputTable *": "ptr", "pyar::Pack16 *": "ptr",
-             "const pyar::CommState *": "ptr", "uint64_t": "uint64", "uint32_t": "uint32"}
+             "const pyar::Pack16 *": "ptr", "const pyar::CommState *": "ptr",
+             "uint64_t": "uint64", "uint32_t": "uint32"}
     expected_argtypes = tuple(kinds[c] for c in ctypes)
     for world in range(2, 9):
         comm = communicator.Communicator.__new__(communicator.Communicator)
@@ -225,11 +226,17 @@ class _RecordingFunction:
         self.launches.append((grid, block, tuple(args)))
 
 
-@pytest.mark.parametrize("registered", [None, 0x5300_0000_0000])
-def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, registered):
-    """Messages larger than max_size go in chunks: staged ones copied into the
-    scratch buffer chunk by chunk, registered ones read in place at an offset;
-    parameters by the kernel's names."""
+@pytest.mark.parametrize("registered, x_ptr", [(None, 0x7000_0000_0000),
+                                               (None, 0x7000_0000_0002),
+                                               (0x5300_0000_0000, 0x7000_0000_0000)],
+                         ids=["staged", "staged-unaligned", "registered"])
+def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, registered,
+                                                                   x_ptr):
+    """Messages larger than max_size go in chunks: staged ones read through the
+    staged table, each kernel copying its chunk into the scratch itself (no
+    copy queued; an input that is not 16-byte aligned is copied chunk by chunk
+    first and the kernel stages nothing), registered ones read in place at an
+    offset; parameters by the kernel's names."""
     itemsize, max_size = 2, 4096
     comm = communicator.Communicator.__new__(communicator.Communicator)
     comm.world, comm.max_size, comm._calls, comm._call_log = 4, max_size, 0, {}
@@ -246,11 +253,12 @@ def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, 
     monkeypatch.setattr(communicator._hip, "memcpy_dtod",
                         lambda dst, src, n, stream=None: copies.append((dst, src, n)))
     count = 2 * max_size // itemsize + 1000  # two whole chunks and a short one
-    x = pyar.DeviceArray.from_pointer(0x7000_0000_0000, (count,), np.float16, device=0)
+    x = pyar.DeviceArray.from_pointer(x_ptr, (count,), np.float16, device=0)
     out = pyar.DeviceArray.from_pointer(0x7100_0000_0000, (count,), np.float16, device=0)
     for step in comm._allreduce_steps(x, out, "twoshot", registered):
         comm._run_step(step, None)
-    names = ["in", "in_offset", "out", "state", "n", "timeout_ns", "signature", "call"]
+    names = ["in", "in_offset", "stage_from", "out", "state", "n", "timeout_ns", "signature",
+             "call"]
     firsts = [0, 2048, 4096]
     assert len(function.launches) == 3
     for number, (first, (grid, block, args)) in enumerate(zip(firsts, function.launches)):
@@ -262,11 +270,14 @@ def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, 
                                                     registered is not None)
         # Two-shot: each rank reduces a quarter of the chunk's packs, 512 threads a block.
         assert (grid, block) == (min(3, max(1, -(-(n // 8 // 4) // 512))), 512)
+        aligned = x.ptr % 16 == 0
         if registered is None:
             assert (got["in"], got["in_offset"]) == (comm._staged_table.ptr, 0)
+            assert got["stage_from"] == (x.ptr + first * itemsize if aligned else 0)
         else:
-            assert (got["in"], got["in_offset"]) == (registered, first * itemsize // 16)
-    if registered is None:
+            assert (got["in"], got["in_offset"], got["stage_from"]) == (
+                registered, first * itemsize // 16, 0)
+    if registered is None and x.ptr % 16:
         scratch = comm._buffer.ptr + comm._scratch_offset
         assert copies == [(scratch, x.ptr + f * itemsize, min(2048, count - f) * itemsize)
                           for f in firsts]

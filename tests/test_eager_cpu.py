@@ -3,8 +3,9 @@ planned before is replayed without its checks, and every change the checks
 depend on sends it back through them (pyar/comm/_eager.pyx).
 
 The Communicator is made with ``__new__`` plus the attributes the calls read,
-as in tests/test_comm_cpu.py; kernels are recording stand-ins, staging copies
-go to a monkeypatched ``memcpy_dtod``, and plans are compiled into a
+as in tests/test_comm_cpu.py; kernels are recording stand-ins (a staged
+kernel copies its input itself), the host's copies of inputs that are not
+16-byte aligned go to a monkeypatched ``memcpy_dtod``, and plans are compiled into a
 recording LaunchSequence stand-in (``_sequence_type``), whose ``run`` calls
 are the replays.  Arrays are ``DeviceArray.from_pointer`` on made-up
 addresses with ``device`` given (no GPU call).
@@ -28,7 +29,7 @@ F16 = np.dtype(np.float16)
 
 
 class Function:
-    argtypes = ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint64", "uint32")
+    argtypes = ("ptr", "uint64", "ptr", "ptr", "ptr", "uint64", "uint64", "uint64", "uint32")
 
     def __init__(self):
         self.launches = []
@@ -106,12 +107,13 @@ X, Y = 0x7000_0000_0000, 0x7100_0000_0000
 def test_a_repeated_call_replays_its_plan(comm):
     x, y = array(X), array(Y)
     assert comm.allreduce(x, out=y) is y
-    assert comm.prepared == 1 and len(comm.function.launches) == 1 and len(comm.copies) == 1
+    assert comm.prepared == 1 and len(comm.function.launches) == 1 and comm.copies == []
     (plan,) = Sequence.made
-    # Compiled from exactly the steps the checked call ran, call number last.
+    # Compiled from exactly the steps the checked call ran, call number last: one
+    # kernel, which stages x itself.
     (grid, block, args, _), = comm.function.launches
-    assert plan.steps == [("copy", comm._buffer.ptr + comm._scratch_offset, X, 2000, None),
-                          ("kernel", comm.function, grid, block, (*args[:-1], 0), 7, {})]
+    assert args[2] == X
+    assert plan.steps == [("kernel", comm.function, grid, block, (*args[:-1], 0), 8, {})]
     # The signature is fixed per planned step, so the plan carries it as it is.
     assert args[-2] == layout.signature("oneshot", 1000, F16, False)
     for _ in range(3):
@@ -133,11 +135,22 @@ def test_chunked_calls_replay_every_chunk(comm):
     comm.allreduce(x, out=y)
     (plan,) = Sequence.made
     kernels = [s for s in plan.steps if s[0] == "kernel"]
-    copies = [s for s in plan.steps if s[0] == "copy"]
-    assert len(kernels) == 3 and len(copies) == 3
-    assert [s[2] for s in copies] == [X, X + 4096, X + 8192]
+    assert len(kernels) == 3 and len(plan.steps) == 3  # no copies: the kernels stage
+    assert [s[4][2] for s in kernels] == [X, X + 4096, X + 8192]
     comm.allreduce(x, out=y)
     assert plan.runs == [(0, 3, 0)] and comm._calls == 6
+
+
+def test_an_unaligned_input_is_copied_before_its_kernel(comm):
+    """The kernels stage whole 16-byte packs: an input that is not 16-byte aligned is
+    copied into the scratch by a step of its own, and the kernel stages nothing."""
+    x, y = array(X + 2), array(Y)
+    comm.allreduce(x, out=y)
+    (plan,) = Sequence.made
+    assert [s[0] for s in plan.steps] == ["copy", "kernel"]
+    assert plan.steps[0][1:4] == (comm._buffer.ptr + comm._scratch_offset, X + 2, 2000)
+    assert plan.steps[1][4][:3] == (comm._staged_table.ptr, 0, 0)
+    assert comm.copies == [(comm._buffer.ptr + comm._scratch_offset, X + 2, 2000)]
 
 
 def test_each_part_of_the_signature_gets_its_own_plan(comm, monkeypatch):
@@ -248,8 +261,10 @@ def test_registry_changes_forget_every_plan(comm):
     comm.allreduce(x, out=y)
     assert comm.prepared == 2
     staged, registered = Sequence.made
-    assert staged.steps[0][0] == "copy" and staged.runs == []
-    assert [s[0] for s in registered.steps] == ["kernel"] and registered.steps[0][4][0] == table
+    assert [s[0] for s in staged.steps] == ["kernel"] and staged.runs == []
+    assert staged.steps[0][4][:3] == (comm._staged_table.ptr, 0, X)
+    assert [s[0] for s in registered.steps] == ["kernel"]
+    assert registered.steps[0][4][:3] == (table, 0, 0)
 
 
 def test_capturing_streams_are_checked_and_registered(comm, monkeypatch):
@@ -403,10 +418,11 @@ def test_split_replays_both_kernels_numbering_only_the_first(monkeypatch):
     kernel_b = functions["pyar_add_rmsnorm_bf16_plain_p1"]
     (a_grid, a_block, a_args, _), = kernel_a.launches  # the checked call only
     (b_grid, b_block, b_args, _), = kernel_b.launches
-    assert [step[0] for step in plan.steps] == ["copy", "kernel", "kernel"]
-    assert plan.steps[1] == ("kernel", kernel_a, a_grid, a_block, (*a_args[:-1], 0), 7, {})
+    assert [step[0] for step in plan.steps] == ["kernel", "kernel"]  # kernel A stages x
+    assert plan.steps[0] == ("kernel", kernel_a, a_grid, a_block, (*a_args[:-1], 0), 8, {})
+    assert a_args[2] == x.ptr
     assert a_args[-2] == layout.signature("split", 1000, x.dtype, False)
-    assert plan.steps[2] == ("kernel", kernel_b, b_grid, b_block, b_args, None, {})
+    assert plan.steps[1] == ("kernel", kernel_b, b_grid, b_block, b_args, None, {})
     assert plan.runs == [(0, 1, 0)]
     assert comm._calls == 2
     assert comm._replayed_call(1) == "allreduce_rmsnorm call 1 (split, 1 x 1000 bfloat16)"

@@ -5,8 +5,9 @@ sources and pyar_protocol.h) as host C++ through the host flavour of the portabi
 (src/kernels/host/pyar_device_host.h, selected by PYAR_HOST_BUILD): ranks and blocks are
 threads of one process, a block's GPU threads are fibers of its thread, flags are
 std::atomic_ref with the GPU's release/acquire orders, peers' buffers are ordinary memory.
-The driver runs the Communicator's call sequence (staged, registered, in place, chunked)
-back to back, every rank overwriting its input as soon as its call returns (the seeds'
+The driver runs the Communicator's call sequence (staged -- each kernel copying its input
+into the rank's scratch before its start barrier --, copied by the host first as an input
+that is not 16-byte aligned is, registered, in place, chunked) back to back, every rank overwriting its input as soon as its call returns (the seeds'
 pattern), with random delays of ranks and of GPU threads, and checks every result exactly
 (integer inputs; the fused kernels' normed output too, for its exact float32 bits). The
 fused kernels launch with the geometry of rmsnorm.row_launch at the host's thread counts
@@ -36,7 +37,10 @@ when the timing goes wrong as on the GPU. Hence:
   - the mutation table: every barrier of every kernel left out in turn (the driver is built
     with -DPYAR_TEST_SKIP_PHASE=host::skipped_phase, the protocol's test-only define, and
     --skip picks the phase) must be caught, by a report or a wrong sum; the barriers proven
-    redundant must stay uncaught (their proof, checked).
+    redundant must stay uncaught (their proof, checked);
+  - the staging copy's controls (PYAR_TEST_STAGE_MUTATION): every staging kernel copying its
+    input after its start barrier, or copying the packs of the next block instead of its own,
+    must be caught.
 """
 import json
 import os
@@ -59,7 +63,8 @@ CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
             "-DPYAR_TEST_SKIP_PHASE=host::skipped_phase",
             "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached",
             "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature",
-            "-DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill", "-Wall", "-Wno-unknown-pragmas"]
+            "-DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill",
+            "-DPYAR_TEST_STAGE_MUTATION=host::stage_mutation", "-Wall", "-Wno-unknown-pragmas"]
 # halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
 # report from a wrong sum (1) or bad usage (2).
 TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
@@ -138,10 +143,12 @@ def assert_clean(outcome, what):
 # input is two-shot only (Communicator._plan), chunked calls use a 2 KiB scratch.
 ALLREDUCE_WAYS = {
     "staged": (("--variant", "staged"), ("oneshot", "twoshot")),
+    "copied": (("--variant", "copied"), ("oneshot", "twoshot")),
     "registered": (("--variant", "registered"), ("oneshot", "twoshot")),
     "staged-in-place": (("--variant", "staged", "--in-place", "1"), ("oneshot", "twoshot")),
     "registered-in-place": (("--variant", "registered", "--in-place", "1"), ("twoshot",)),
     "staged-chunked": (("--variant", "staged", "--max-size", "2048"), ("oneshot", "twoshot")),
+    "copied-chunked": (("--variant", "copied", "--max-size", "2048"), ("oneshot", "twoshot")),
     "registered-chunked": (("--variant", "registered", "--max-size", "2048"),
                            ("oneshot", "twoshot")),
 }
@@ -165,10 +172,12 @@ SHARDS = ("reducescatter", "allgather")
 # (options, (packs per thread, threads, blocks) of the first launch): float32 rows of 200,
 # 1000 and 2040 elements are 50, 250 and 510 packs, one, two and four a thread; the last
 # lanes of each block hold clamped copies. --blocks counts 64-thread blocks, as the GPU's
-# cap counts the all-reduce's: 4 of them are 2 blocks of 128 threads. Registered in chunks
-# of 2 rows (8 KiB scratch, 4000-byte rows): 3 launches a call.
+# cap counts the all-reduce's: 4 of them are 2 blocks of 128 threads. In chunks of 2 rows
+# (8 KiB scratch, 4000-byte rows): 3 launches a call.
 FUSED_WAYS = {
     "staged": (("--variant", "staged"), (1, 64, 3)),
+    "staged-chunked": (("--variant", "staged", "--max-size", 8192, "--tokens", 5,
+                        "--hidden", 1000, "--blocks", 4), (2, 128, 2)),
     "registered-chunked": (("--variant", "registered", "--max-size", 8192, "--tokens", 5,
                             "--hidden", 1000, "--blocks", 4), (2, 128, 2)),
     "staged-4-per-thread": (("--variant", "staged", "--tokens", 6, "--hidden", 2040,
@@ -203,7 +212,7 @@ def test_twoshot_and_twostage_share_the_partial_region(driver, world):
     """Calls alternating between the two kernels that use the partial region, staged and
     registered in chunks: zero reports, exact sums and normed outputs."""
     for way, (options, _) in FUSED_WAYS.items():
-        if way == "staged-4-per-thread":
+        if way in ("staged-chunked", "staged-4-per-thread"):
             continue
         outcome = run(driver, MIXED, world, *options, "--calls", 6, "--seed", world, *DELAYS)
         assert_clean(outcome, f"{MIXED} {way} at world {world}")
@@ -391,7 +400,9 @@ KERNEL_PHASES = {
 }
 REDUNDANT = {
     ("twoshot", "exit"): "peers read the input and the partial scratch only before mid; "
-                         "the scratch is rewritten after the next start (allreduce.cu)",
+                         "the partial scratch is rewritten after the next start, the staged "
+                         "input by the next kernel before it, both after this call's mid "
+                         "(allreduce.cu)",
     ("twostage", "exit"): "peers read the input only before mid (block b's mid waits for "
                           "every rank's block b, which reads only block b's rows); peers "
                           "push into the gather buffer only after the next call's start "
@@ -450,3 +461,26 @@ def test_every_barrier_removal_is_caught(driver):
         print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths)) + "  " + row[-1])
     assert not missed, f"barrier removals nobody caught: {missed}"
     assert not refuted, f"barriers listed as redundant whose removal was caught: {refuted}"
+
+
+# --- the staging copy --------------------------------------------------------------------
+
+STAGE_MUTATIONS = {
+    "after-start": "each block copies its packs after the start barrier: a peer that passed "
+                   "it may read the scratch before the copy (or while it lands)",
+    "other-block": "block b copies the packs block b + 1 of the peers reads: their reader met "
+                   "block b + 1 of this rank, whose release does not order block b's stores",
+}
+
+
+@pytest.mark.parametrize("kernel", ["oneshot", "twoshot", *FUSED])
+@pytest.mark.parametrize("mutation", STAGE_MUTATIONS)
+def test_staging_copy_out_of_order_is_caught(driver, kernel, mutation):
+    """The in-kernel staging copy's positive controls (PYAR_TEST_STAGE_MUTATION, --stage),
+    staged inputs at world 4 on 3 blocks (3001 float32 elements: 750 packs, 12 blocks'
+    worth of 64 threads capped at 3; fused: 12 rows on 3 blocks): a copy the start barrier does not order for its
+    readers is caught by a ThreadSanitizer report or a wrong sum. The same calls with the
+    copy where the kernels make it are clean (test_*_clean_and_exact)."""
+    outcome = run(driver, kernel, 4, "--variant", "staged", "--stage", mutation,
+                  "--calls", 6, "--timeout-ms", 5000, *DELAYS)
+    assert outcome.caught, f"{kernel}: {STAGE_MUTATIONS[mutation]}; went unseen: {outcome.row}"

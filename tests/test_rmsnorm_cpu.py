@@ -328,7 +328,8 @@ def test_kernel_dtype_names_are_the_hosts(source):
 def test_fused_entry_parameters_are_the_fused_types(source):
     _, params = _fused_entries(source)
     assert [name for _, name in params] == [
-        "in", "in_offset", "tokens", *ROW_FIELDS, "state", "timeout_ns", "signature", "call"]
+        "in", "in_offset", "stage_from", "tokens", *ROW_FIELDS, "state", "timeout_ns",
+        "signature", "call"]
     assert tuple(_kind(ctype) for ctype, _ in params) == rmsnorm.FUSED_TYPES
 
 
@@ -364,7 +365,8 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
 def test_split_entry_parameters_are_the_split_types(source):
     _, params = _split_entries(source)
     assert [name for _, name in params] == [
-        "in", "in_offset", "tokens", "hidden", "state", "timeout_ns", "signature", "call"]
+        "in", "in_offset", "stage_from", "tokens", "hidden", "state", "timeout_ns", "signature",
+        "call"]
     assert tuple(_kind(ctype) for ctype, _ in params) == rmsnorm.SPLIT_TYPES
 
 
@@ -540,7 +542,7 @@ def test_row_args_struct_params_and_initializer_agree(source):
     assert [c.replace("pyar::", "") for c, _ in params] == [c for c, _ in fields]
     # ... and are what the host passes.
     assert tuple(_kind(c) for c, _ in params) == rmsnorm._ROW_TYPES
-    assert rmsnorm.FUSED_TYPES[3:3 + len(ROW_FIELDS)] == rmsnorm._ROW_TYPES
+    assert rmsnorm.FUSED_TYPES[4:4 + len(ROW_FIELDS)] == rmsnorm._ROW_TYPES
     # Aggregate initialization follows declaration order.
     init = re.search(r"pyar::RowArgs \{(.*?)\}", _macro_body(source, "PYAR_ROW_ARGS"))
     assert tuple(e.strip() for e in init.group(1).split(",")) == ROW_FIELDS
@@ -651,24 +653,20 @@ def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeyp
         assert got["signature"] == layout.signature(
             "twostage", count * hidden, call.x.dtype, registered is not None,
             call.quant_code & 0xF)
-        if registered is None:
+        if registered is None:  # the kernel stages the chunk itself
             assert got["in"] == comm._staged_table.ptr and got["in_offset"] == 0
+            assert got["stage_from"] == call.x.ptr + first * row
         else:
-            assert got["in"] == registered
+            assert got["in"] == registered and got["stage_from"] == 0
             assert got["in_offset"] == first * row // rmsnorm.PACK_BYTES  # in packs
-    if registered is None:
-        scratch = comm._buffer.ptr + comm._scratch_offset
-        assert copies == [(scratch, call.x.ptr + f * row, min(4, tokens - f) * row)
-                          for f in firsts]
-    else:
-        assert copies == []
+    assert copies == []
     assert "allreduce_rmsnorm call 2 (twostage, 2 x 1024 bfloat16)" in comm._call_log.values()
 
 
 @pytest.mark.parametrize("registered", [None, 0x5300_0000_0000])
 def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, registered):
-    """Per chunk: the staging copy (staged input), kernel A on the capped grid
-    (numbered: it spins), then add_rmsnorm on this rank's gather buffer with
+    """Per chunk: kernel A on the capped grid (numbered: it spins; a staged
+    input it copies into the scratch itself), then add_rmsnorm on this rank's gather buffer with
     the whole GPU's blocks, the chunk's row arguments and this rank's
     failure word (unnumbered: it waits for nothing), on the call's stream, in
     that order."""
@@ -691,8 +689,7 @@ def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, regi
     kernel_a = functions["pyar_allreduce_rmsnorm_split_bf16_p1_w8"]
     kernel_b = functions["pyar_add_rmsnorm_bf16_mxfp4_p1"]
     assert set(functions) == {kernel_a.name, kernel_b.name}  # no two-stage kernel
-    per_chunk = (("copy",) if registered is None else ()) + ("kernel", "local")
-    assert [step[0] for step in steps] == list(per_chunk) * 3
+    assert [step[0] for step in steps] == ["kernel", "local"] * 3
     gather = comm._buffer.ptr + comm._partial_offset
     for number, first in enumerate((0, 4, 8)):
         count = min(4, tokens - first)
@@ -702,6 +699,7 @@ def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, regi
         assert (grid, block, stream) == (count, 512, "S")
         assert got == {"in": registered or comm._staged_table.ptr,
                        "in_offset": 0 if registered is None else first * row // 16,
+                       "stage_from": call.x.ptr + first * row if registered is None else 0,
                        "tokens": count, "hidden": hidden, "state": comm._state.ptr,
                        "timeout_ns": comm._timeout_ns, "call": number,
                        "signature": layout.signature("split", count * hidden, call.x.dtype,
@@ -714,10 +712,7 @@ def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, regi
         assert tuple(got[f] for f in ROW_FIELDS) == call.row_args(first, count)
     assert comm._calls == 3  # kernel B takes no call number
     assert "allreduce_rmsnorm call 2 (split, 2 x 4096 bfloat16)" in comm._call_log.values()
-    if registered is None:
-        scratch = comm._buffer.ptr + comm._scratch_offset
-        assert [c[1:] for c in order] == [(scratch, call.x.ptr + f * row,
-                                           min(4, tokens - f) * row, "S") for f in (0, 4, 8)]
+    assert order == []
 
 
 def test_split_norms_on_the_whole_gpu_while_kernel_a_keeps_its_cap(dev):

@@ -32,6 +32,10 @@ _KERNEL_TYPES = {
 _FAILED, _MISSING, _CALL, _MISMATCH, _SIGNATURES = 0, 1, 9, 10, 11
 _ERROR_WORDS = 28
 _CALL_LOG = 4096
+# one_shot/two_shot kernels (src/kernels/allreduce.cu): input table, in_offset,
+# the input to stage (0: read the table as it is), out, state, n, timeout_ns,
+# signature, call.
+_ALLREDUCE_TYPES = ("ptr", "uint64", "ptr", "ptr", "ptr", "uint64", "uint64", "uint64", "uint32")
 # reduce_scatter/all_gather kernels (src/kernels/shards.cu): input table,
 # in_offset, in_stride, out, state, n, shard, first, count, timeout_ns,
 # signature, call.
@@ -306,8 +310,7 @@ class Communicator(_eager.EagerCalls):
         function = self._functions.get(key)
         if function is None:
             name = f"pyar_allreduce_{algo.replace('shot', '_shot')}_{_KERNEL_TYPES[dtype]}_w{self.world}"
-            function = self._module.get_function(
-                name, ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint64", "uint32"))
+            function = self._module.get_function(name, _ALLREDUCE_TYPES)
             self._functions[key] = function
         return function
 
@@ -597,16 +600,16 @@ class Communicator(_eager.EagerCalls):
         for first in range(0, x.size, chunk):
             count = min(chunk, x.size - first)
             offset = first * itemsize
-            table, in_offset, staging = self._chunk_input(x, offset, count * itemsize,
-                                                          registered)
-            if staging is not None:
-                yield staging
+            table, in_offset, stage_from, copy = self._chunk_input(x, offset, count * itemsize,
+                                                                  registered)
+            if copy is not None:
+                yield copy
             packs = count // lanes
             work = packs if algo == "oneshot" else -(-packs // self.world)
             blocks = min(self._max_blocks, max(1, -(-work // threads)))
             signature = layout.signature(algo, count, x.dtype, registered is not None)
             yield ("kernel", function, blocks, threads,
-                   (table, in_offset, out.ptr + offset, self._state.ptr, count,
+                   (table, in_offset, stage_from, out.ptr + offset, self._state.ptr, count,
                     self._timeout_ns, signature), "allreduce", f"({algo}, {count} x {x.dtype})")
 
     def _run_step(self, step, stream):
@@ -625,14 +628,19 @@ class Communicator(_eager.EagerCalls):
         function.launch(grid, block, (*args, self._next_call(kind, details)), stream=stream)
 
     def _chunk_input(self, x, offset, nbytes, registered):
-        """The input table and pack offset one chunk's kernel reads, and the
-        copy it needs first: the registered buffer in place (no copy), or the
-        chunk staged into this rank's scratch buffer, which the staged table
-        names on every rank."""
+        """(input table, pack offset, input to stage, copy step) of one chunk's
+        kernel: the registered buffer read in place; or the chunk staged into
+        this rank's scratch buffer (which the staged table names on every
+        rank) by the kernel itself, before its start barrier (the address to
+        stage from; no copy step); or, for an input that is not 16-byte
+        aligned (the kernel copies whole packs), by a copy step queued before
+        the kernel, which then stages nothing."""
         if registered is not None:
-            return registered, offset // layout.PACK_BYTES, None
-        return self._staged_table.ptr, 0, ("copy", self._buffer.ptr + self._scratch_offset,
-                                           x.ptr + offset, nbytes)
+            return registered, offset // layout.PACK_BYTES, 0, None
+        if (x.ptr + offset) % layout.PACK_BYTES == 0:
+            return self._staged_table.ptr, 0, x.ptr + offset, None
+        return self._staged_table.ptr, 0, 0, ("copy", self._buffer.ptr + self._scratch_offset,
+                                              x.ptr + offset, nbytes)
 
     def _next_call(self, kind, details):
         """The 32-bit sequence number the kernel reports on timeout; the log
@@ -934,10 +942,10 @@ class Communicator(_eager.EagerCalls):
         for first in range(0, call.tokens, chunk):
             count = min(chunk, call.tokens - first)
             offset = first * row_bytes
-            table, in_offset, staging = self._chunk_input(call.x, offset, count * row_bytes,
-                                                          registered)
-            if staging is not None:
-                yield staging
+            table, in_offset, stage_from, copy = self._chunk_input(
+                call.x, offset, count * row_bytes, registered)
+            if copy is not None:
+                yield copy
             function, geometry = self._fused_launch(algo, dtype, count, call.hidden,
                                                     call.quant_code)
             details = f"({algo}, {count} x {call.hidden} {dtype})"
@@ -945,12 +953,13 @@ class Communicator(_eager.EagerCalls):
                                          registered is not None, call.quant_code & 0xF)
             if algo != algorithms.SPLIT:
                 yield ("kernel", function, geometry.blocks, geometry.threads,
-                       (table, in_offset, count, *call.row_args(first, count), self._state.ptr,
-                        self._timeout_ns, signature), "allreduce_rmsnorm", details)
+                       (table, in_offset, stage_from, count, *call.row_args(first, count),
+                        self._state.ptr, self._timeout_ns, signature), "allreduce_rmsnorm",
+                       details)
                 continue
             yield ("kernel", function, geometry.blocks, geometry.threads,
-                   (table, in_offset, count, call.hidden, self._state.ptr, self._timeout_ns,
-                    signature), "allreduce_rmsnorm", details)
+                   (table, in_offset, stage_from, count, call.hidden, self._state.ptr,
+                    self._timeout_ns, signature), "allreduce_rmsnorm", details)
             yield ("local", *self._row_kernels.add_rmsnorm_launch(
                 call, self._buffer.ptr + self._partial_offset, first, count,
                 self._local_blocks(), self._buffer.ptr + self._layout.failed_offset))

@@ -31,10 +31,15 @@ KERNEL_KINDS = {0: "plain", 1: "fp8", 2: "mxfp4"}
 # every warp of a block is full for its shuffles.
 ROW_THREAD_QUANTUM = 64
 _ROW_TYPES = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "uint32", "uint32")
-FUSED_TYPES = ("ptr", "uint64", "uint64", *_ROW_TYPES, "ptr", "uint64", "uint64", "uint32")
-# Kernel A of split (input table, pack offset, tokens, hidden, state,
-# timeout, signature, call): the rows' sums only, no row arguments.
-SPLIT_TYPES = ("ptr", "uint64", "uint64", "uint32", "ptr", "uint64", "uint64", "uint32")
+# The fused kernels: input table, pack offset, the input to stage (0: read
+# the table as it is), tokens, the row arguments, state, timeout, signature,
+# call.
+FUSED_TYPES = ("ptr", "uint64", "ptr", "uint64", *_ROW_TYPES, "ptr", "uint64", "uint64",
+               "uint32")
+# Kernel A of split (input table, pack offset, input to stage, tokens, hidden,
+# state, timeout, signature, call): the rows' sums only, no row arguments.
+SPLIT_TYPES = ("ptr", "uint64", "ptr", "uint64", "uint32", "ptr", "uint64", "uint64",
+               "uint32")
 # add_rmsnorm: sums, tokens, the row arguments, the failure word (split) or 0.
 ADD_RMSNORM_TYPES = ("ptr", "uint64", *_ROW_TYPES, "ptr")
 

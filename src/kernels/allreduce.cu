@@ -16,20 +16,48 @@ PYAR_DEVICE bool reduce_tail(const Pack16 *const (&src)[W], uint64_t first, uint
   return true;
 }
 
+// The staged tail (elements past the whole packs): block 0 reads it from
+// every rank (reduce_tail), so block 0 copies it, element by element.
+template <typename T>
+PYAR_DEVICE void stage_tail(uint32_t block, const Pack16 *from, Pack16 *to, uint64_t first,
+                            uint64_t n) {
+  const uint64_t i = first + threadIdx.x;
+  if (block == 0 && i < n) reinterpret_cast<T *>(to)[i] = reinterpret_cast<const T *>(from)[i];
+}
+
 // One-shot: every rank reads every peer's whole input.  Latency-bound sizes.
 // The host never selects it when `out` is a registered input (peers still
 // read that input while this rank would overwrite it).
+//
+// Staged: block b of every rank reads packs b * B + t + j * G * B (thread t,
+// j = 0, 1, ..; G blocks of B threads) of every rank's scratch, the same
+// packs on every rank, and block 0 the tail; so block b copies those packs
+// (and block 0 the tail) of this rank's input: thread t exactly the packs it
+// reads itself, and in place (out is x) it overwrites them only after.
 template <typename T, int W>
-PYAR_DEVICE void one_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
-                          const CommState *state, uint64_t n, const CallInfo &info) {
+PYAR_DEVICE void one_shot(const InputTable *in, uint64_t in_offset, const Pack16 *stage_from,
+                          Pack16 *out, const CommState *state, uint64_t n,
+                          const CallInfo &info) {
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
+  const uint64_t packs = n / Lanes<T>::kCount;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  const auto copy = [&](uint32_t block, const Pack16 *from, Pack16 *to) {
+    for (uint64_t i = block * uint64_t(blockDim.x) + threadIdx.x; i < packs;
+         i += kStageInFlight * stride) {
+      // Straight-line code, so the packs stay in registers: past the end,
+      // pack i again (its own value stored again).
+      uint64_t at[kStageInFlight];
+#pragma unroll
+      for (int u = 0; u < kStageInFlight; ++u) at[u] = i + u * stride < packs ? i + u * stride : i;
+      copy_packs(from, to, at);
+    }
+    stage_tail<T>(block, from, to, packs * Lanes<T>::kCount, n);
+  };
+  if (staged_start_barrier<W, kIdleMid>(s, epoch, info, in, in_offset, stage_from, copy)) {
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
-    const uint64_t packs = n / Lanes<T>::kCount;
-    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < packs; i += stride)
       store_pack(out + i, load_and_reduce<T, W>(src, i));
     T tail;
@@ -47,18 +75,45 @@ PYAR_DEVICE void one_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
 // pack index is the same on every rank and block b touches the same indices in
 // both phases, so the per-block `mid` barrier orders each write before its
 // reads.
+//
+// Staged: rank r's block b reads packs r * shard + k, k = b * B + t + j * G * B
+// < shard (thread t, j = 0, 1, ..), of every rank's scratch, and block 0 the
+// tail.  Over all ranks r that is p * shard + k for every p, so block b of
+// every rank copies packs p * shard + k of its input for every p and its k
+// (up to kStageInFlight at a time), and block 0 the tail; no other block's
+// readers need them.  In place (out is x), block b overwrites exactly these
+// packs, after `mid`.
 template <typename T, int W>
-PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, Pack16 *out,
-                          const CommState *state, uint64_t n, const CallInfo &info) {
+PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, const Pack16 *stage_from,
+                          Pack16 *out, const CommState *state, uint64_t n,
+                          const CallInfo &info) {
   const CommState &s = *state;
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (start_barrier<W, kNoIdlePhase>(s, epoch, info)) {
+  const uint64_t packs = n / Lanes<T>::kCount;
+  const uint64_t shard = (packs + W - 1) / W;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  constexpr int kGroup = W < kStageInFlight ? W : kStageInFlight;
+  const auto copy = [&](uint32_t block, const Pack16 *from, Pack16 *to) {
+    for (uint64_t k = block * uint64_t(blockDim.x) + threadIdx.x; k < shard; k += stride) {
+#pragma unroll
+      for (int first = 0; first < W; first += kGroup) {
+        // Straight-line, as in one_shot: past the end (or past rank W - 1),
+        // pack k again (k < shard <= packs, the pack of p = 0).
+        uint64_t at[kGroup];
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) {
+          const uint64_t j = (first + u) * shard + k;
+          at[u] = first + u < W && j < packs ? j : k;
+        }
+        copy_packs(from, to, at);
+      }
+    }
+    stage_tail<T>(block, from, to, packs * Lanes<T>::kCount, n);
+  };
+  if (staged_start_barrier<W, kNoIdlePhase>(s, epoch, info, in, in_offset, stage_from, copy)) {
     const Pack16 *src[W];
 #pragma unroll
     for (int r = 0; r < W; ++r) src[r] = in->ptr[r] + in_offset;
-    const uint64_t packs = n / Lanes<T>::kCount;
-    const uint64_t shard = (packs + W - 1) / W;
-    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
     const uint64_t first = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
 
     Pack16 *partial = s.partial[s.rank];
@@ -96,10 +151,10 @@ extern "C" __device__ const uint64_t pyar_allreduce_layout[6] = {
 #define PYAR_ALLREDUCE_ENTRY(algo, name, T, W)                                              \
   extern "C" __global__ void __launch_bounds__(pyar::kThreads)                              \
       pyar_allreduce_##algo##_##name##_w##W(                                                \
-          const pyar::InputTable *in, uint64_t in_offset, pyar::Pack16 *out,                \
-          const pyar::CommState *state, uint64_t n, uint64_t timeout_ns, uint64_t signature, \
-          uint32_t call) {                                                                  \
-    pyar::algo<T, W>(in, in_offset, out, state, n,                                          \
+          const pyar::InputTable *in, uint64_t in_offset, const pyar::Pack16 *stage_from,   \
+          pyar::Pack16 *out, const pyar::CommState *state, uint64_t n, uint64_t timeout_ns, \
+          uint64_t signature, uint32_t call) {                                              \
+    pyar::algo<T, W>(in, in_offset, stage_from, out, state, n,                              \
                      pyar::CallInfo{timeout_ns, signature, call});                          \
   }
 

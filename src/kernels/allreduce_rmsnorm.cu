@@ -461,16 +461,57 @@ PYAR_DEVICE bool mid_barrier(const CommState &s, uint32_t epoch, const CallInfo 
 #endif
 }
 
+// Staged (every fused kernel): block b of every rank reads rows b, b + G,
+// .. of every rank's scratch and no other rows -- whole rows in one_stage,
+// rank r's slice of them in two_stage's and split's phase 1, whose slices
+// over all ranks make the whole rows -- so block b copies exactly its rows of
+// this rank's input, every pack of them, kInFlight packs a thread at a time
+// (whole rows when they are narrower).  A reader's thread past a row's end
+// loads the row's last pack, which the same block copies.
+template <int P, int kInFlight>
+struct StageRows {
+  static constexpr int kPacks = P < kInFlight ? P : kInFlight;  // of a row, per round
+  static constexpr int kRows = kInFlight / kPacks;              // rows per round
+  uint64_t tokens;
+  uint32_t packs;  // per row
+  PYAR_DEVICE void operator()(uint32_t block, const Pack16 *from, Pack16 *to) const {
+    const uint64_t step = gridDim.x;
+    for (uint64_t row = block; row < tokens; row += kRows * step) {
+#pragma unroll
+      for (int first = 0; first < P; first += kPacks) {
+        // Straight-line, so the packs stay in registers: past the rows'
+        // end, the round's first row again, and past a row's end its last
+        // pack again (the same values stored again).
+        uint64_t at[kRows * kPacks];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int p = 0; p < kPacks; ++p) {
+            const uint32_t c = threadIdx.x + uint32_t(first + p) * blockDim.x;
+            const uint64_t in_row = row + r * step < tokens ? row + r * step : row;
+            at[r * kPacks + p] = in_row * packs + min(c, packs - 1);
+          }
+        copy_packs(from, to, at);
+      }
+    }
+  }
+};
+
 template <typename T, int P, int Q, int W>
-PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, uint64_t tokens,
-                           const RowArgs &a, const CommState *state, const CallInfo &info) {
+PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, const Pack16 *stage_from,
+                           uint64_t tokens, const RowArgs &a, const CommState *state,
+                           const CallInfo &info) {
   const CommState &s = *state;
   const RowContext<T, P> ctx(a);
   ResidualRow<T, P> res;
   res.load(ctx.cols, a.residual, first_row(tokens));
   const PeerRows<T, P, W> rows{RankTable<W>::template fill<0>(in->ptr, in_offset)};
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (start_barrier<W, kIdleMid>(s, epoch, info)) {
+  // One pack at a time: the weight and residual packs are live across the
+  // copy (more in flight spill), and one-stage runs where a block has one
+  // row or few.
+  if (staged_start_barrier<W, kIdleMid>(s, epoch, info, in, in_offset, stage_from,
+                                        StageRows<P, 1>{tokens, ctx.cols.packs})) {
     norm_rows<T, P, Q>(rows, tokens, a, ctx, res);
     exit_barrier<W>(s, epoch, info);
   }
@@ -507,13 +548,16 @@ PYAR_DEVICE void reduce_scatter_rows(const RankTable<W> &src, const RankTable<W>
 }
 
 template <typename T, int P, int Q, int W>
-PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t tokens,
-                           const RowArgs &a, const CommState *state, const CallInfo &info) {
+PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, const Pack16 *stage_from,
+                           uint64_t tokens, const RowArgs &a, const CommState *state,
+                           const CallInfo &info) {
   const CommState &s = *state;
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (start_barrier<W, kNoIdlePhase>(s, epoch, info)) {
+  if (staged_start_barrier<W, kNoIdlePhase>(
+          s, epoch, info, in, in_offset, stage_from,
+          StageRows<P, kStageInFlight>{tokens, a.hidden >> kLaneShift<T>})) {
     reduce_scatter_rows<T, P, W>(src, gather, tokens, a.hidden >> kLaneShift<T>, s);
     // Ordering.  Block b of every rank stores the sums of block b's rows
     // (rows b, b + G, ..: the rows norm_rows gives block b) and nothing
@@ -552,8 +596,8 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t to
 //   block b passes `mid` only once block b of every rank has arrived there,
 //   after its reads (the barrier syncs the block before its release).  When
 //   r's kernel returns, all its blocks have passed `mid`: no peer reads r's
-//   input any more, and the caller may overwrite it (or the next chunk's
-//   staging copy may).
+//   input any more, and the caller may overwrite it (or the next kernel's
+//   staging copy may: staged_start_barrier).
 // - The gather buffers.  Rank p's buffer is stored to, by p and its peers,
 //   only by the next call's kernel A (or any collective using the scratch)
 //   after that call's start barrier, which block b of p reaches only once
@@ -566,13 +610,16 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, uint64_t to
 //   caches: the buffer is this rank's own, uncached on AMD, and a new
 //   kernel starts with clean per-multiprocessor caches.
 template <typename T, int P, int W>
-PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, uint64_t tokens,
-                              uint32_t hidden, const CommState *state, const CallInfo &info) {
+PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, const Pack16 *stage_from,
+                              uint64_t tokens, uint32_t hidden, const CommState *state,
+                              const CallInfo &info) {
   const CommState &s = *state;
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
   const uint32_t epoch = BlockEpoch::begin(s);
-  if (start_barrier<W, kIdleEnd>(s, epoch, info)) {
+  if (staged_start_barrier<W, kIdleEnd>(
+          s, epoch, info, in, in_offset, stage_from,
+          StageRows<P, kStageInFlight>{tokens, hidden >> kLaneShift<T>})) {
     reduce_scatter_rows<T, P, W>(src, gather, tokens, hidden >> kLaneShift<T>, s);
     fence_system();  // as in two_stage: the stores to peers precede `mid`
     mid_barrier<W>(s, epoch, info);
@@ -639,10 +686,10 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
 #define PYAR_FUSED_ENTRY(algo, name, T, kind, Q, P, W)                                       \
   extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
       pyar_allreduce_rmsnorm_##algo##_##name##_##kind##_p##P##_w##W(                        \
-          const pyar::InputTable *in, uint64_t in_offset, uint64_t tokens, PYAR_ROW_PARAMS,  \
-          const pyar::CommState *state, uint64_t timeout_ns, uint64_t signature,            \
-          uint32_t call) {                                                                  \
-    pyar::algo<T, P, Q, W>(in, in_offset, tokens, PYAR_ROW_ARGS, state,                     \
+          const pyar::InputTable *in, uint64_t in_offset, const pyar::Pack16 *stage_from,   \
+          uint64_t tokens, PYAR_ROW_PARAMS, const pyar::CommState *state,                   \
+          uint64_t timeout_ns, uint64_t signature, uint32_t call) {                         \
+    pyar::algo<T, P, Q, W>(in, in_offset, stage_from, tokens, PYAR_ROW_ARGS, state,         \
                            pyar::CallInfo{timeout_ns, signature, call});                    \
   }
 
@@ -669,10 +716,10 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
 #define PYAR_SPLIT_ENTRY(name, T, P, W)                                                      \
   extern "C" __global__ void PYAR_SPLIT_BOUNDS                                              \
       pyar_allreduce_rmsnorm_split_##name##_p##P##_w##W(                                    \
-          const pyar::InputTable *in, uint64_t in_offset, uint64_t tokens, uint32_t hidden,  \
-          const pyar::CommState *state, uint64_t timeout_ns, uint64_t signature,            \
-          uint32_t call) {                                                                  \
-    pyar::split_reduce<T, P, W>(in, in_offset, tokens, hidden, state,                       \
+          const pyar::InputTable *in, uint64_t in_offset, const pyar::Pack16 *stage_from,   \
+          uint64_t tokens, uint32_t hidden, const pyar::CommState *state,                   \
+          uint64_t timeout_ns, uint64_t signature, uint32_t call) {                         \
+    pyar::split_reduce<T, P, W>(in, in_offset, stage_from, tokens, hidden, state,           \
                                 pyar::CallInfo{timeout_ns, signature, call});               \
   }
 

@@ -53,6 +53,7 @@ CONTROL_BUILDS = {
     "control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER"),
     "start_control_kernels": ("PYAR_TEST_SKIP_PHASE=kStart",),
     "signature_control_kernels": ("PYAR_TEST_IGNORE_SIGNATURE=1",),
+    "stage_control_kernels": ("PYAR_TEST_STAGE_MUTATION=kStageAfterStart",),
 }
 # The code objects a Communicator loads (by these names, from kernels=DIR).
 CONTROL_SOURCES = ("allreduce", "allreduce_rmsnorm", "shards")
@@ -130,6 +131,15 @@ def kernels_ignoring_signatures(tmp_path_factory):
     session."""
     return _build_control_kernels(tmp_path_factory, "signature_control_kernels",
                                   CONTROL_BUILDS["signature_control_kernels"])
+
+
+@pytest.fixture(scope="session")
+def kernels_staging_after_start(tmp_path_factory):
+    """The kernels that copy a staged input into the scratch after their start barrier
+    instead of before it (PYAR_TEST_STAGE_MUTATION=kStageAfterStart): the staging copy's
+    positive control, once per test session."""
+    return _build_control_kernels(tmp_path_factory, "stage_control_kernels",
+                                  CONTROL_BUILDS["stage_control_kernels"])
 
 
 if __name__ == "__main__":

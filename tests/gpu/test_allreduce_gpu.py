@@ -109,20 +109,39 @@ def test_positive_control_detects_missing_exit_barrier(world, kernels_without_ex
         f"detect the bug it exists for\n{tried}")
 
 
-@pytest.mark.parametrize("world", WORLDS)
-def test_positive_control_detects_missing_start_barrier(world, kernels_without_start_barrier):
-    """Kernels built without the start barrier (PYAR_TEST_SKIP_PHASE=kStart),
-    staged inputs, the last rank delayed before every call: its copy into its
-    scratch lands after the peers' kernels read that scratch, and they sum the
-    previous call's input.  One-shot and two-shot must both show wrong
-    results -- proof that the start barrier is what keeps them out."""
-    rows = rows_of(scenario("allreduce_adversarial", world, "control-start",
-                            kernels_without_start_barrier, timeout=420), "control-start")
+def assert_late_staged_input_is_seen(world, kernels_path, without):
+    """The control-start scenario (staged inputs, the last rank delayed before every
+    call) against the control build ``kernels_path``: one-shot and two-shot must both
+    show wrong results."""
+    rows = rows_of(scenario("allreduce_adversarial", world, "control-start", kernels_path,
+                            timeout=420), "control-start")
     assert {r["algo"] for r in rows} == {"oneshot", "twoshot"}, rows
     for row in rows:
         assert row["mismatches"] > 0, (
-            f"no wrong result in {row['calls']} {row['algo']} calls without the start barrier "
-            f"on {world} ranks ({row['timeouts']} timeouts): the control cannot see it\n{rows}")
+            f"no wrong result in {row['calls']} {row['algo']} calls {without} on {world} "
+            f"ranks ({row['timeouts']} timeouts): the control cannot see it\n{rows}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_positive_control_detects_missing_start_barrier(world, kernels_without_start_barrier):
+    """Kernels built without the start barrier (PYAR_TEST_SKIP_PHASE=kStart),
+    staged inputs, the last rank delayed before every call: its kernel's copy
+    into its scratch lands after the peers' kernels read that scratch, and they
+    sum the previous call's input.  One-shot and two-shot must both show wrong
+    results -- proof that the start barrier is what keeps them out."""
+    assert_late_staged_input_is_seen(world, kernels_without_start_barrier,
+                                     "without the start barrier")
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_positive_control_detects_a_late_staging_copy(world, kernels_staging_after_start):
+    """The same scenario against kernels that copy a staged input into the scratch
+    after their start barrier (PYAR_TEST_STAGE_MUTATION=kStageAfterStart): the late
+    rank's start flag lets the peers read its scratch while its copy is still landing.
+    One-shot and two-shot must both show wrong results -- proof that the copy's place
+    before the barrier is what keeps them out."""
+    assert_late_staged_input_is_seen(world, kernels_staging_after_start,
+                                     "copying the staged input after the start barrier")
 
 
 # --- failures are reported, never hang ----------------------------------------------

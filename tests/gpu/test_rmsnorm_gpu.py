@@ -66,18 +66,35 @@ def test_fused_adversarial_write_after_read(world, wrap):
         assert row["mismatches"] == 0, row
 
 
-@pytest.mark.parametrize("world", WORLDS)
-def test_fused_positive_control_start_barrier(world, kernels_without_start_barrier):
-    """Kernels built without the start barrier, staged inputs, the last rank
-    delayed before every call: the peers read its scratch before its copy
-    lands, and both variants must show wrong outputs."""
-    rows = rows_of(scenario("rmsnorm_fused", world, "control-start",
-                            kernels_without_start_barrier, timeout=420), "fused-control-start")
+def assert_late_staged_input_is_seen(world, kernels_path, without):
+    """The fused control-start scenario (staged inputs, the last rank delayed before
+    every call) against the control build ``kernels_path``: both variants must show
+    wrong outputs."""
+    rows = rows_of(scenario("rmsnorm_fused", world, "control-start", kernels_path,
+                            timeout=420), "fused-control-start")
     assert {r["algo"] for r in rows} == {"onestage", "twostage"}
     for row in rows:
         assert row["mismatches"] > 0, (
-            f"{row['algo']} without its start barrier gave no wrong output in {row['calls']} "
-            f"calls on {world} ranks: the control cannot see it\n{row}")
+            f"{row['algo']} {without} gave no wrong output in {row['calls']} calls on "
+            f"{world} ranks: the control cannot see it\n{row}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_fused_positive_control_start_barrier(world, kernels_without_start_barrier):
+    """Kernels built without the start barrier, staged inputs, the last rank
+    delayed before every call: the peers read its scratch before its kernel's
+    copy lands, and both variants must show wrong outputs."""
+    assert_late_staged_input_is_seen(world, kernels_without_start_barrier,
+                                     "without its start barrier")
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_fused_positive_control_staging_copy(world, kernels_staging_after_start):
+    """The same with kernels that copy a staged input after their start barrier
+    (PYAR_TEST_STAGE_MUTATION=kStageAfterStart): the peers read the late rank's
+    scratch while its copy lands, and both variants must show wrong outputs."""
+    assert_late_staged_input_is_seen(world, kernels_staging_after_start,
+                                     "copying its staged input after the start barrier")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -13,8 +13,8 @@ in between: per call k a distinct input x_k (integers in [-8, 8], one of
 PATTERNS patterns per rank, consecutive calls never the same pattern) into a
 distinct output y_k (NaN beforehand).  After each round every y_k is compared
 bit for bit with the exact sum, which every rank computes from the seeds.
-Variants: "staged" (the input is copied into the communicator's scratch, so
-the next call's staging copy overwrites what slow peers read) and
+Variants: "staged" (the input is copied into the communicator's scratch by
+the kernel, so the next call's kernel overwrites what slow peers read) and
 "registered" (x_k was registered: peers read x_k itself, and the NaN
 overwrite is the hazard).
 
@@ -39,12 +39,15 @@ Modes:
                     the start barrier's positive control: staged inputs, one-shot
                     and two-shot, on a Communicator whose code object PATH was
                     built without the start barrier (PYAR_TEST_SKIP_PHASE=kStart).
-                    The last rank spins before every call, so its copy of the
-                    input into its scratch lands late while the peers' kernels,
-                    no longer waiting for it, already read that scratch (still the
-                    previous call's input).  Runs until it sees wrong results,
-                    within a call and time budget; reports them, never fails for
-                    them (the test asserts that wrong sums showed).
+                    The last rank spins before every call, so its kernel's copy
+                    of the input into its scratch lands late while the peers'
+                    kernels, no longer waiting for it, already read that scratch
+                    (still the previous call's input).  Also run against kernels
+                    that copy after their start barrier
+                    (PYAR_TEST_STAGE_MUTATION=kStageAfterStart): the peers read
+                    the scratch while the copy lands.  Runs until it sees wrong
+                    results, within a call and time budget; reports them, never
+                    fails for them (the test asserts that wrong sums showed).
 
 Usage: allreduce_adversarial.py main | wrap | control PATH | control-start PATH
 """
@@ -266,7 +269,8 @@ def control_mode(sc, kernels_path):
 
 def control_start_mode(sc, kernels_path):
     """A staged input copied late on the last rank, against kernels without the start
-    barrier: the peers sum what that rank's scratch held before (the previous call's input)."""
+    barrier (or copying after it): the peers sum what that rank's scratch held before
+    (the previous call's input), or a mix."""
     comm, kernels, streams = setup(sc, kernels_path, timeout=CONTROL_TIMEOUT)
     late = sc.rank == sc.world - 1
     level = Level(1 << 20, 1.0 if late else 0.0, START_DELAY_US, 0.0, 0, 1)

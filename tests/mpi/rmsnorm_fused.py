@@ -34,8 +34,11 @@ Modes:
   control-start PATH
                 The start barrier's control: kernels built without it
                 (PYAR_TEST_SKIP_PHASE=kStart), staged inputs, the last rank
-                delayed before every call, so its copy into its scratch lands
-                after the peers read that scratch; reports, never fails.
+                delayed before every call, so its kernel's copy into its
+                scratch lands after the peers read that scratch (also run
+                against kernels that copy after their start barrier,
+                PYAR_TEST_STAGE_MUTATION=kStageAfterStart); reports, never
+                fails.
   serve         A server's decode loop: graphs captured per (token count,
                 hidden) on first use, token counts drawn from 1..256, hidden
                 4096 and 7168, CALLS calls replayed with fresh inputs and a

@@ -10,9 +10,11 @@
 // reduced packs into), zeroed, the peers' copies ordinary memory of the
 // process; a CommState naming every rank's buffer, the staged input table
 // and the error record.  Each rank's thread is its stream: per call it may
-// be delayed (the GPU tests' spin kernel), stages each chunk into its
-// scratch or passes the registered table, launches the kernel (host_grid.h:
-// returns when every block has), checks the result exactly, and at once
+// be delayed (the GPU tests' spin kernel), passes each chunk for the kernel
+// to stage into its scratch (or copies it there itself, as the host does for
+// an input that is not 16-byte aligned, or passes the registered table),
+// launches the kernel (host_grid.h: returns when every block has), checks
+// the result exactly, and at once
 // overwrites its input with the next call's -- the seeds' write-after-read
 // pattern.  Inputs are integers in [-8, 8], so every sum is exact in every
 // dtype and any order.  The fused kernels launch with the geometry of
@@ -25,7 +27,9 @@
 //              call (twoshot+twostage: two kernels sharing the partial region
 //              back to back)
 //   --dtype    f32 | f16 | bf16                   (f32)
-//   --variant  staged | registered                (staged)
+//   --variant  staged | copied | registered   (staged)  staged: the kernel copies the
+//              input into the scratch; copied: the host does, before the launch
+//              (the shards kernels are always copied)
 //   --in-place 0 | 1   out is the input (all-reduce only)   (0)
 //   --out f32      reducescatter of 16-bit inputs sums into float32
 //   --calls N  back-to-back calls                 (40)
@@ -47,6 +51,8 @@
 //                      count plus one): every rank must record the
 //                      disagreement, leave its outputs untouched and stop there
 //                      (the host raises MismatchError)
+//   --stage after-start | other-block   staged kernels copy their input after the
+//                      start barrier, or the next block's packs (a mutation run)
 //   --signature-check off   the start barrier ignores the signatures
 //   --failed-word off  split's kernel B is given no failure word (as the
 //                      single-GPU step is): it norms after a failed kernel A
@@ -71,6 +77,9 @@ inline bool ignore_signature = false;
 // Whether start barriers leave the slots of their kernel's idle phases as
 // they are (--idle-fill off), with -DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill.
 inline bool no_idle_fill = false;
+// How staged kernels copy their input (--stage: pyar::StageMutation), with
+// -DPYAR_TEST_STAGE_MUTATION=host::stage_mutation.
+inline int stage_mutation = 0;
 }  // namespace host
 }  // namespace pyar
 
@@ -96,14 +105,16 @@ using pyar::Pack16;
 
 // --- the kernels, by their GPU names (hipModuleGetFunction) -------------------
 
-using AllreduceEntry = void (*)(const InputTable *, uint64_t, Pack16 *, const CommState *,
-                                uint64_t, uint64_t, uint64_t, uint32_t);
-using FusedEntry = void (*)(const InputTable *, uint64_t, uint64_t, const Pack16 *,
-                            const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *, uint32_t,
-                            float, uint32_t, uint32_t, const CommState *, uint64_t, uint64_t,
-                            uint32_t);
-using SplitEntry = void (*)(const InputTable *, uint64_t, uint64_t, uint32_t, const CommState *,
-                            uint64_t, uint64_t, uint32_t);
+// The collective kernels take the input to stage (null: read the table as it
+// is) after the table and its offset.
+using AllreduceEntry = void (*)(const InputTable *, uint64_t, const Pack16 *, Pack16 *,
+                                const CommState *, uint64_t, uint64_t, uint64_t, uint32_t);
+using FusedEntry = void (*)(const InputTable *, uint64_t, const Pack16 *, uint64_t,
+                            const Pack16 *, const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *,
+                            uint32_t, float, uint32_t, uint32_t, const CommState *, uint64_t,
+                            uint64_t, uint32_t);
+using SplitEntry = void (*)(const InputTable *, uint64_t, const Pack16 *, uint64_t, uint32_t,
+                            const CommState *, uint64_t, uint64_t, uint32_t);
 using LocalEntry = void (*)(const Pack16 *, uint64_t, const Pack16 *, const Pack16 *, Pack16 *,
                             Pack16 *, uint8_t *, void *, uint32_t, float, uint32_t, uint32_t,
                             const uint32_t *);
@@ -201,6 +212,7 @@ struct Options {
   bool failed_word = true;
   int stale = -1;
   bool no_idle_fill = false;
+  int stage_mutation = 0;
 
   std::vector<std::string> kernels;  // call c runs kernels[c % size]
 
@@ -231,6 +243,12 @@ int phase(const std::string &name) {
   if (name == "mid") return pyar::kMid;
   if (name == "exit") return pyar::kEnd;
   usage("--skip is start, mid or exit, not " + name);
+}
+
+int stage_mutation(const std::string &name) {
+  if (name == "after-start") return pyar::kStageAfterStart;
+  if (name == "other-block") return pyar::kStageOtherBlock;
+  usage("--stage is after-start or other-block, not " + name);
 }
 
 Options parse(int argc, char **argv) {
@@ -266,6 +284,7 @@ Options parse(int argc, char **argv) {
     else if (key == "--skip") o.skip = phase(value);
     else if (key == "--stale") o.stale = phase(value);
     else if (key == "--idle-fill") o.no_idle_fill = value == "off";
+    else if (key == "--stage") o.stage_mutation = stage_mutation(value);
     else if (key == "--absent") std::tie(o.absent_rank, o.absent_call) = rank_and_call(key, value);
     else if (key == "--disagree")
       std::tie(o.disagree_rank, o.disagree_call) = rank_and_call(key, value);
@@ -281,7 +300,8 @@ Options parse(int argc, char **argv) {
   }
   if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16")
     usage("--dtype is f32, f16 or bf16");
-  if (o.variant != "staged" && !o.registered()) usage("--variant is staged or registered");
+  if (o.variant != "staged" && o.variant != "copied" && !o.registered())
+    usage("--variant is staged, copied or registered");
   const bool sharded = std::any_of(o.kernels.begin(), o.kernels.end(), Options::sharded);
   if (o.in_place && (o.any_fused() || sharded)) usage("--in-place is for the all-reduce kernels");
   if (o.out != "same" && (o.out != "f32" || o.dtype == "f32" || o.kernel != "reducescatter"))
@@ -405,12 +425,21 @@ struct Run {
     if (o.delay_us && random() % 3 == 0) host::sleep_us(uint32_t(random() % o.delay_us));
   }
 
-  // Communicator._chunk_input: the registered table in place, or the chunk
-  // staged into this rank's scratch (named by the staged table everywhere).
-  std::pair<const InputTable *, uint64_t> chunk_input(Rank &k, uint64_t offset, uint64_t nbytes) {
-    if (o.registered()) return {&k.registered, offset / 16};
-    std::memcpy(k.scratch(), k.x.as<char>() + offset, nbytes);
-    return {&k.staged, 0};
+  // Communicator._chunk_input: (table, pack offset, input to stage) of one
+  // chunk: the registered table in place; or the staged table (this rank's
+  // scratch on every rank), the kernel copying the chunk there itself; or
+  // (copied) the same table after the host's own copy.
+  struct ChunkInput {
+    const InputTable *table;
+    uint64_t in_offset;
+    const Pack16 *stage_from;
+  };
+  ChunkInput chunk_input(Rank &k, uint64_t offset, uint64_t nbytes) {
+    if (o.registered()) return {&k.registered, offset / 16, nullptr};
+    const Pack16 *chunk = reinterpret_cast<const Pack16 *>(k.x.as<char>() + offset);
+    if (o.variant == "staged") return {&k.staged, 0, chunk};
+    std::memcpy(k.scratch(), chunk, nbytes);
+    return {&k.staged, 0, nullptr};
   }
 
   // Communicator._check_timeout: the error record the kernel left.  A
@@ -518,7 +547,8 @@ struct Run {
     const uint32_t first_chunk = k.call;
     for (uint64_t first = 0; first < n; first += chunk) {
       const uint64_t count = std::min(chunk, n - first);
-      const auto [table, in_offset] = chunk_input(k, first * sizeof(T), count * sizeof(T));
+      const auto [table, in_offset, stage_from] =
+          chunk_input(k, first * sizeof(T), count * sizeof(T));
       const uint64_t packs = count / lanes;
       const uint64_t work = name == "oneshot" ? packs : (packs + o.world - 1) / o.world;
       const uint64_t wanted = std::max<uint64_t>(1, (work + pyar::kThreads - 1) / pyar::kThreads);
@@ -527,7 +557,7 @@ struct Run {
       Pack16 *dst = reinterpret_cast<Pack16 *>(out + first);
       const uint64_t sig = signature_of(k.rank, c, name, count);
       host::launch(blocks, pyar::kThreads, [&] {
-        kernel(table, in_offset, dst, &k.state, count, timeout_ns, sig, call);
+        kernel(table, in_offset, stage_from, dst, &k.state, count, timeout_ns, sig, call);
       });
       ++k.chunks;
     }
@@ -564,7 +594,8 @@ struct Run {
     const uint32_t first_chunk = k.call;
     for (uint64_t first = 0; first < tokens; first += chunk) {
       const uint64_t count = std::min(chunk, tokens - first);
-      const auto [table, in_offset] = chunk_input(k, first * row_bytes, count * row_bytes);
+      const auto [table, in_offset, stage_from] =
+          chunk_input(k, first * row_bytes, count * row_bytes);
       const RowGeometry g = row_launch(count, sizeof(T));
       if (k.geometry.blocks == 0) k.geometry = g;
       const uint32_t call = k.call++;
@@ -574,7 +605,8 @@ struct Run {
       if (name == "split") {  // kernel A, then kernel B on this rank's gather buffer
         const auto reduce = reinterpret_cast<SplitEntry>(entry(fused_name(name, g)));
         host::launch(g.blocks, g.threads, [&] {
-          reduce(table, in_offset, count, uint32_t(hidden), &k.state, timeout_ns, sig, call);
+          reduce(table, in_offset, stage_from, count, uint32_t(hidden), &k.state, timeout_ns, sig,
+                 call);
         });
         const auto norm = reinterpret_cast<LocalEntry>(entry(local_name(g)));
         host::launch(g.blocks, g.threads, [&] {
@@ -585,9 +617,9 @@ struct Run {
       } else {
         const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
         host::launch(g.blocks, g.threads, [&] {
-          kernel(table, in_offset, count, res, k.weight.data(), res, dst, nullptr, nullptr,
-                 uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state, timeout_ns,
-                 sig, call);
+          kernel(table, in_offset, stage_from, count, res, k.weight.data(), res, dst, nullptr,
+                 nullptr, uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden), &k.state,
+                 timeout_ns, sig, call);
         });
       }
       ++k.chunks;
@@ -788,6 +820,12 @@ int main(int argc, char **argv) {
   host::no_idle_fill = o.no_idle_fill;
 #else
   if (o.no_idle_fill) usage("--idle-fill off needs -DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill");
+#endif
+#if defined(PYAR_TEST_STAGE_MUTATION)
+  host::stage_mutation = o.stage_mutation;
+#else
+  if (o.stage_mutation)
+    usage("--stage needs -DPYAR_TEST_STAGE_MUTATION=host::stage_mutation");
 #endif
   Run run(o);
   const auto started = std::chrono::steady_clock::now();
