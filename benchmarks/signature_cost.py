@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""What the call signature at the start barrier costs (issue 17): the shipped
-all-reduce kernel against the same kernel built from a commit before the
-signature existed, both launched on one communicator, replayed from graphs
-and timed alternately in the same run.
+"""What the call signature at the start barrier costs (issue 17), piece by
+piece: the shipped all-reduce kernel against the same kernel built from a
+commit before the signature existed, from the commit before the start
+barrier read the state once a call, and from today's sources without one
+piece each (pyar_protocol.h's test macros); all launched in one run,
+replayed from graphs and timed alternately.
 
-The older kernel runs on a communicator of its own, whose Signal area is
-zeroed after its one staging call: its Signal layout (32-bit flags, then
-epochs) is not today's (64-bit flags, the start flag carrying the call's
-digest), while CommState, the input table and the error record's first words
-are unchanged.  Both communicators stage the same input.
+Every kernel built from today's sources, and the older one of
+PREVIOUS_COMMIT (the same Signal layout; no input to stage), runs on one
+communicator.  The kernel of BASELINE_COMMIT runs on a communicator of its
+own, whose Signal area is zeroed after its one staging call: its Signal
+layout (32-bit flags, then epochs) is not today's (64-bit flags, the start
+flag carrying the call's digest), while CommState, the input table and the
+error record's first words are unchanged.  Both communicators stage the same
+input; every kernel writes an output of its own, checked after the run.
 
-    # here (needs nvcc and git): the kernels of a commit before the signature
-    python benchmarks/signature_cost.py --build-baseline DIR [--commit 8979203] [--arch sm_90]
+    # here (needs nvcc and git): every kernel below into DIR/<row>/allreduce.fatbin
+    python benchmarks/signature_cost.py --build-baseline DIR [--arch sm_90]
     # on the GPU machine, under mpirun (ranks sharing a GPU need MPS)
     mpirun -n 8 python benchmarks/signature_cost.py --baseline DIR [--bytes 1024] [--json out.json]
 """
@@ -31,22 +36,38 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 BASELINE_COMMIT = "8979203"  # main before the signature
+PREVIOUS_COMMIT = "c766338"  # the start barrier before it read the state once a call
 GRAPH_SIZE = 20
+SHIPPED = "shipped"
+# The rows: folder under DIR -> (commit, or None for this tree; test-only defines).
+KERNELS = {
+    BASELINE_COMMIT: (BASELINE_COMMIT, ()),
+    PREVIOUS_COMMIT: (PREVIOUS_COMMIT, ()),
+    SHIPPED: (None, ()),
+    "no-signature": (None, ("PYAR_TEST_NO_SIGNATURE=1",)),
+    "no-idle-fill": (None, ("PYAR_TEST_NO_IDLE_FILL=1",)),
+    "no-failure-latch": (None, ("PYAR_TEST_NO_FAILURE_LATCH=1",)),
+}
 
 
-def build_baseline(out_dir, commit, arch):
-    """Compile the commit's allreduce.cu (with its own headers) into out_dir."""
-    os.environ["PYAR_GPU_ARCHS"] = arch
-    import setup_kernels
-    with tempfile.TemporaryDirectory() as tree:
-        archive = os.path.join(tree, "src.tar")
-        subprocess.run(["git", "-C", ROOT, "archive", "-o", archive, commit, "src/kernels"],
-                       check=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(tree, filter="data")
-        made = setup_kernels.build(os.path.join(tree, "src", "kernels"), out_dir,
-                                   names=["allreduce.cu"])
-    print(f"built {', '.join(made)} of {commit} into {out_dir}")
+def build_kernels(out_dir, arch):
+    """allreduce.cu of every row of KERNELS into out_dir/<row>."""
+    from tests import kernel_builds
+    for name, (commit, defines) in KERNELS.items():
+        folder = os.path.join(out_dir, name)
+        if commit is None:
+            kernel_builds.build(folder, (arch,), defines, ["allreduce.cu"])
+        else:
+            with tempfile.TemporaryDirectory() as tree:
+                archive = os.path.join(tree, "src.tar")
+                subprocess.run(["git", "-C", ROOT, "archive", "-o", archive, commit,
+                                "src/kernels"], check=True)
+                with tarfile.open(archive) as tar:
+                    tar.extractall(tree, filter="data")
+                kernel_builds.build(folder, (arch,), defines, ["allreduce.cu"],
+                                    source=os.path.join(tree, "src", "kernels"))
+        print(f"built {name} ({commit or 'this tree'}{''.join(' -D' + d for d in defines)}) "
+              f"into {folder}")
 
 
 def _timed(comm, graph, stream, replays, hip):
@@ -69,6 +90,10 @@ def measure(options):
     from pyar.bench import table
     from pyar.comm import layout
 
+    missing = [name for name in KERNELS
+               if not os.path.exists(os.path.join(options.baseline, name, "allreduce.fatbin"))]
+    if missing:
+        raise SystemExit(f"{options.baseline} lacks {missing}: build it with --build-baseline")
     comm = pyar.Communicator(MPI.COMM_WORLD)
     world, rank = comm.world, comm.rank
     if world < 2:
@@ -76,37 +101,42 @@ def measure(options):
     stream = pyar.Stream()
     count = options.bytes // 4
     x = pyar.asarray(np.full(count, rank + 1, np.float32), stream=stream)
-    out = pyar.empty((count,), np.float32, stream=stream)
-    comm.allreduce(x, out=out, stream=stream)  # stages x into the scratch the graphs read
+    outs = {name: pyar.empty((count,), np.float32, stream=stream) for name in KERNELS}
+    comm.allreduce(x, out=outs[SHIPPED], stream=stream)  # stages x into the scratch read
     old_comm = pyar.Communicator(MPI.COMM_WORLD)
-    old_comm.allreduce(x, out=out, stream=stream)  # the same, for the older kernel
+    old_comm.allreduce(x, out=outs[SHIPPED], stream=stream)  # the same, for the oldest kernel
     stream.synchronize()
     comm._node.Barrier()  # every rank's staging call is done before its Signal is cleared
     hip.memset(old_comm._buffer.ptr, 0, old_comm._layout.signal_bytes)
     hip.device_synchronize()
     comm._node.Barrier()
 
-    shipped = comm._function("twoshot" if options.algo == "twoshot" else "oneshot", x.dtype)
-    old_module = hip.Module.from_file(os.path.join(options.baseline, "allreduce.fatbin"))
-    old = old_module.get_function(
-        f"pyar_allreduce_{options.algo.replace('shot', '_shot')}_f32_w{world}",
-        ("ptr", "uint64", "ptr", "ptr", "uint64", "uint64", "uint32"))
+    entry = f"pyar_allreduce_{options.algo.replace('shot', '_shot')}_f32_w{world}"
+    modules = {name: hip.Module.from_file(os.path.join(options.baseline, name,
+                                                       "allreduce.fatbin"))
+               for name in KERNELS}
     work = count // 4 if options.algo == "oneshot" else -(-count // 4 // world)
     blocks = min(comm._max_blocks, max(1, -(-work // comm._layout.threads)))
-    # Both read the scratch as the first calls staged it (the shipped kernel
-    # stages nothing: its input to stage is 0).
-    common = (comm._staged_table.ptr, 0, 0, out.ptr, comm._state.ptr, count, comm._timeout_ns)
-    old_common = (old_comm._staged_table.ptr, 0, out.ptr, old_comm._state.ptr, count,
-                  old_comm._timeout_ns)
     signature = layout.signature(options.algo, count, x.dtype, registered=False)
-    launches = {
-        "with signature": lambda: shipped.launch(blocks, comm._layout.threads,
-                                                 (*common, signature, 0), stream=stream),
-        "without (baseline)": lambda: old.launch(blocks, comm._layout.threads,
-                                                 (*old_common, 0), stream=stream),
-    }
+
+    def launcher(name):
+        # The oldest kernel: its own communicator, no signature parameter; the
+        # rows of today's source also take the input to stage (0: all read the
+        # scratch as the first calls staged it).
+        oldest = name == BASELINE_COMMIT
+        today = KERNELS[name][0] is None
+        on = old_comm if oldest else comm
+        kernel = modules[name].get_function(
+            entry, ("ptr", "uint64", *(("ptr",) if today else ()), "ptr", "ptr", "uint64",
+                    "uint64", *(() if oldest else ("uint64",)), "uint32"))
+        arguments = (on._staged_table.ptr, 0, *((0,) if today else ()), outs[name].ptr,
+                     on._state.ptr, count, on._timeout_ns,
+                     *(() if oldest else (signature,)), 0)
+        return lambda: kernel.launch(blocks, comm._layout.threads, arguments, stream=stream)
+
     graphs = {}
-    for name, launch in launches.items():
+    for name in KERNELS:
+        launch = launcher(name)
         with hip.capture(stream) as graph:
             for _ in range(GRAPH_SIZE):
                 launch()
@@ -118,35 +148,39 @@ def measure(options):
         for name, graph in graphs.items():
             samples[name].append(_timed(comm, graph, stream, options.replays, hip))
     expected = world * (world + 1) / 2
-    wrong = int(np.count_nonzero(out.get(stream) != expected))
+    wrong = {name: int(np.count_nonzero(out.get(stream) != expected))
+             for name, out in outs.items()}
     comm.synchronize(stream)
     medians = {name: comm._node.allreduce(statistics.median(v), op=MPI.MAX)
-                for name, v in samples.items()}
-    wrong = comm._node.allreduce(wrong)
+               for name, v in samples.items()}
+    wrong = {name: comm._node.allreduce(w) for name, w in wrong.items()}
     if rank == 0:
-        base = medians["without (baseline)"]
+        base, shipped = medians[BASELINE_COMMIT], medians[SHIPPED]
         rows = [{"world": world, "bytes": options.bytes, "algo": options.algo, "kernel": name,
                  "us_per_call": round(us, 3), "minus_baseline_us": round(us - base, 3),
-                 "wrong": wrong} for name, us in medians.items()]
+                 "minus_shipped_us": round(us - shipped, 3), "wrong": wrong[name]}
+                for name, us in medians.items()]
         print(table.markdown(list(rows[0]), [list(r.values()) for r in rows],
-                             f"start-barrier signature cost, graph replay of {GRAPH_SIZE} "
+                             f"start-barrier cost by piece, graph replay of {GRAPH_SIZE} "
                              f"launches x {options.replays}, median of {options.repeats} "
-                             "(slowest rank)"))
+                             f"(slowest rank); baseline {BASELINE_COMMIT}: before the "
+                             f"signature"))
         if options.json:
             with open(options.json, "w") as f:
-                json.dump({"rows": rows, "baseline_commit": options.commit}, f, indent=1)
+                json.dump({"rows": rows, "baseline_commit": BASELINE_COMMIT,
+                           "previous_commit": PREVIOUS_COMMIT}, f, indent=1)
     for graph in graphs.values():
         graph.close()
     old_comm.close()
     comm.close()
-    return 0 if wrong == 0 else 1
+    return 0 if not any(wrong.values()) else 1
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build-baseline", metavar="DIR")
-    parser.add_argument("--commit", default=BASELINE_COMMIT)
+    parser.add_argument("--build-baseline", metavar="DIR",
+                        help="build every row's kernel into DIR/<row> (needs nvcc and git)")
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--baseline", metavar="DIR", help="the --build-baseline output")
     parser.add_argument("--bytes", type=int, default=1024)
@@ -156,7 +190,7 @@ def main():
     parser.add_argument("--json")
     options = parser.parse_args()
     if options.build_baseline:
-        build_baseline(options.build_baseline, options.commit, options.arch)
+        build_kernels(options.build_baseline, options.arch)
         return 0
     if not options.baseline:
         parser.error("give --baseline DIR (made by --build-baseline) or --build-baseline DIR")

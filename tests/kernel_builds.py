@@ -1,6 +1,7 @@
-"""The package's kernel build, as the tests share it: setup_kernels.build of
-src/kernels for the given targets, through the kernel cache, so the tests
-reuse what the install compiled instead of compiling again."""
+"""The package's kernel build, as the tests (and benchmarks/signature_cost.py) share it:
+setup_kernels.build of src/kernels, or of another commit's kernel sources, for the given
+targets, through the kernel cache, so the tests reuse what the install compiled instead of
+compiling again."""
 import os
 import sys
 
@@ -13,9 +14,10 @@ import setup_kernels  # noqa: E402
 KERNELS = os.path.join(ROOT, "src", "kernels")
 
 
-def build(folder, archs, defines=(), names=None):
-    """{file name: path} of the code objects built into ``folder``."""
+def build(folder, archs, defines=(), names=None, source=KERNELS):
+    """{file name: path} of the code objects built into ``folder`` from the kernel
+    sources in ``source`` (src/kernels of this tree, or of another commit's)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYAR_GPU_ARCHS", ";".join(archs))
-        made = setup_kernels.build(KERNELS, str(folder), defines, names)
+        made = setup_kernels.build(source, str(folder), defines, names)
     return {os.path.basename(path): path for path in made}

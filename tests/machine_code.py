@@ -316,6 +316,24 @@ def check_cuda_kernel(code, arch=None):
     return releases, acquires, problems
 
 
+def loads_before_acquire(code):
+    """Every load between a flag's release store and the next acquire load
+    in code order (the barrier's first look at its own slot), as
+    "release ... load": none is needed there, every address is ready
+    before the release (pyar_protocol.h, BlockState), and each load of the
+    state there held the acquire back by a round trip.  Not a rule of the
+    ordering, a check of the barriers' speed."""
+    found, released = [], None
+    for instruction in code:
+        if _global_sys(instruction, "ST"):
+            released = instruction
+        elif _global_sys(instruction, "LD"):
+            released = None
+        elif released is not None and instruction.mnemonic.startswith(("LDG", "LD.")):
+            found.append(f"{released!r} ... {instruction!r}")
+    return found
+
+
 # ---------------------------------------------------------------------------
 # Whole code objects
 
@@ -375,6 +393,14 @@ def check_fatbin(path, cuobjdump):
         for kernel, code in sorted(disassemble_cuda(cuobjdump, path, arch).items()):
             rows.append((arch, kernel, *check_cuda_kernel(code)))
     return rows
+
+
+@remembered
+def fatbin_loads_before_acquire(path, cuobjdump):
+    """[(arch, kernel, loads_before_acquire)] of a fatbin."""
+    return [(arch, kernel, loads_before_acquire(code))
+            for arch in fatbin_sass_archs(cuobjdump, path)
+            for kernel, code in sorted(disassemble_cuda(cuobjdump, path, arch).items())]
 
 
 def table(rows):

@@ -299,3 +299,46 @@ def test_cuda_check_catches_mutated_sass(cuda_fatbins):
     assert len(problems) == releases and all("no MEMBAR.SYS" in p for p in problems)
     _, _, problems = mc.check_cuda_kernel([i for i in code if i.mnemonic != "CCTL.IVALL"])
     assert len(problems) == acquires and all("without CCTL.IVALL" in p for p in problems)
+
+
+@needs_cuobjdump
+def test_no_cuda_barrier_loads_between_its_release_and_acquire(cuda_fatbins):
+    """Speed, not ordering: no collective kernel loads anything (the state, above all)
+    between a flag's release and its acquire; and the check sees such a load (the
+    c766338 kernels reloaded the rank there, twice a start barrier)."""
+    late = [f"{name} {arch} {kernel}: {found[0]}"
+            for name, path in sorted(cuda_fatbins.items())
+            for arch, kernel, found in mc.fatbin_loads_before_acquire(path, CUOBJDUMP)
+            if is_collective(kernel) and found]
+    assert late == []
+    code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce.fatbin"],
+                               "sm_90")["pyar_allreduce_one_shot_f32_w2"]
+    release = next(i for i, instruction in enumerate(code) if mc._global_sys(instruction, "ST"))
+    reload = mc.Instruction(code[release].address, "LDG.E", "R7, desc[UR6][R12.64+0x88]")
+    assert len(mc.loads_before_acquire(code[:release + 1] + [reload] + code[release + 1:])) == 1
+
+
+@needs_cuobjdump
+def test_signature_cost_builds_leave_out_their_piece(tmp_path_factory):
+    """benchmarks/signature_cost.py prices the start barrier's pieces by builds of this
+    tree without one each: every such build differs from the shipped kernel, and the one
+    without the signature computes no digest (fmix32's first multiplier, 0x85ebca6b)."""
+    from benchmarks import signature_cost
+
+    if setup_kernels.find_nvcc() is None:
+        pytest.skip("nvcc not found: the benchmark's kernels cannot be built")
+    sass = {}
+    for name, (commit, defines) in signature_cost.KERNELS.items():
+        if commit is None:  # the rows of older commits need git history (CI may lack it)
+            made = kernel_builds.build(tmp_path_factory.mktemp("signature-cost"), ("sm_90",),
+                                       defines, ["allreduce.cu"])
+            code = mc.disassemble_cuda(CUOBJDUMP, made["allreduce.fatbin"],
+                                       "sm_90")["pyar_allreduce_one_shot_f32_w8"]
+            sass[name] = [(i.mnemonic, i.operands) for i in code]
+    shipped_code = sass.pop(signature_cost.SHIPPED)
+    assert sass and all(code != shipped_code for code in sass.values())
+
+    def digests(code):
+        return any("-0x7a143595" in operands for _, operands in code)
+
+    assert digests(shipped_code) and not digests(sass["no-signature"])

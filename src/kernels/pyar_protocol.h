@@ -212,10 +212,50 @@ PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t
     store_volatile(&theirs->flags[kEnd][blockIdx.x][rank], flag_word(epoch, 0));
 }
 
+// What a block's barriers need of the CommState, and its call's epoch:
+// BlockEpoch::begin copies them into shared memory once a call.  A barrier
+// reading the state itself would load it from global memory after each of
+// its release and acquire (compiler barriers) and each store through a
+// Signal pointer (which may alias it): the rank, then its Signal, two
+// dependent round trips before an acquire could be issued, two more before
+// the epoch's store at the kernel's end (every one on the critical path of
+// a latency-bound call).  From here the addresses are registers: a barrier's
+// release follows the block's synchronization, its other stores and the
+// acquire follow the release, nothing waits for the state.
+struct BlockState {
+  Signal *signals[kMaxRanks];  // CommState::signals
+  uint32_t rank;
+  uint32_t epoch;   // this call's
+  uint32_t failed;  // Signal::failed of the block when the call began
+};
+
+PYAR_DEVICE BlockState &block_state() {
+  __shared__ BlockState state;
+  return state;
+}
+
 // Whether an earlier call of this block failed (BlockEpoch::begin reads it).
-PYAR_DEVICE uint32_t &block_failed() {
-  __shared__ uint32_t failed;
-  return failed;
+PYAR_DEVICE uint32_t block_failed() { return block_state().failed; }
+
+// The pieces of the start barrier that benchmarks/signature_cost.py prices by
+// leaving each out of a test-only build (with PYAR_TEST_NO_IDLE_FILL):
+// PYAR_TEST_NO_SIGNATURE=1 -- the start flag carries no digest, no signature
+// is stored, nothing is compared; PYAR_TEST_NO_FAILURE_LATCH=1 -- a call
+// neither reads nor sets Signal::failed (nor some_block_failed).  Neither is
+// a positive control: such kernels run correct calls correctly and miss the
+// failures the pieces are there for.
+PYAR_DEVICE bool signature_checked() {
+#if defined(PYAR_TEST_NO_SIGNATURE)
+  if (PYAR_TEST_NO_SIGNATURE) return false;
+#endif
+  return true;
+}
+
+PYAR_DEVICE bool failure_latched() {
+#if defined(PYAR_TEST_NO_FAILURE_LATCH)
+  if (PYAR_TEST_NO_FAILURE_LATCH) return false;
+#endif
+  return true;
 }
 
 // Whether a peer's call differs from this rank's, by their digests.
@@ -244,21 +284,23 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
 #if defined(PYAR_TEST_SKIP_PHASE)
   if (phase == PYAR_TEST_SKIP_PHASE) return true;
 #endif
-  if (phase == kStart && block_failed()) return false;
+  const BlockState &block = block_state();
+  if (phase == kStart && block.failed) return false;
+  const bool check = phase == kStart && signature_checked();
   const uint32_t peer = threadIdx.x;
-  const uint32_t digest = phase == kStart ? call_digest(info.signature) : 0;
+  const uint32_t rank = block.rank;
+  const uint32_t digest = check ? call_digest(info.signature) : 0;
+  Signal *const my_signal = block.signals[rank];
   Signal *theirs_signal = nullptr;
   uint64_t *flag = nullptr;
   const uint64_t *mine = nullptr;
   if (peer < W) {
-    // Every address first: after the flag's acquire a load of the state
-    // (which the stores might alias) would cost a round trip of its own.
-    // The loads complete at the block's synchronization, so nothing but the
-    // release is in flight at the flag store (what the negative fixture of
-    // the machine-code check relies on).
-    theirs_signal = s.signals[peer];
-    flag = &theirs_signal->flags[phase][blockIdx.x][s.rank];
-    mine = &s.signals[s.rank]->flags[phase][blockIdx.x][peer];
+    // Every address first (from the block's copy of the state): after the
+    // block's synchronization only the release is in flight at the flag
+    // store (what the negative fixture of the machine-code check relies on).
+    theirs_signal = block.signals[peer];
+    flag = &theirs_signal->flags[phase][blockIdx.x][rank];
+    mine = &my_signal->flags[phase][blockIdx.x][peer];
   }
   sync_block_before_release();  // the block's earlier reads and writes precede the release
   int arrived = 1, differs = 0;
@@ -266,8 +308,9 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
   if (peer < W) {
     store_release_system(flag, flag_word(epoch, digest));
     if (phase == kStart) {
-      store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][s.rank], info.signature);
-      keep_idle_slots_current<kIdle>(theirs_signal, s.rank, epoch);
+      if (check)
+        store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][rank], info.signature);
+      keep_idle_slots_current<kIdle>(theirs_signal, rank, epoch);
     }
     seen = load_acquire_system(mine);
     if (!reached(seen, epoch)) {
@@ -296,27 +339,26 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     // peer store a later call's word first; that call's digest says nothing
     // about this one, and this call's full signature decides instead (the
     // peer stored it before the later flag's release that the acquire saw).
-    if (phase == kStart && arrived) {
+    if (check && arrived) {
       const uint32_t theirs =
           uint32_t(seen) == epoch
               ? uint32_t(seen >> 32)
-              : call_digest(load_volatile(&s.signals[s.rank]->signature[epoch & 1][blockIdx.x][peer]));
+              : call_digest(load_volatile(&my_signal->signature[epoch & 1][blockIdx.x][peer]));
       differs = disagree(theirs, digest);
     }
   }
   // and the acquire precedes the block's later accesses
   if (__syncthreads_and(arrived && !differs)) return true;
-  if (threadIdx.x == 0) {
-    Signal *const my_signal = s.signals[s.rank];
+  if (threadIdx.x == 0 && failure_latched()) {
     my_signal->failed[blockIdx.x] = 1u;
     store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too
   }
-  if (phase == kStart && __syncthreads_or(differs)) {  // the slow path only: a failed call
+  if (check && __syncthreads_or(differs)) {  // the slow path only: a failed call
     if (threadIdx.x < W && arrived) {
       // Every arrived peer's exact call, for the host's MismatchError: the
       // peer stores it just after the flag this thread's acquire saw, so
       // wait (bounded) for the signature with the flag's digest.
-      const uint64_t *slot = &s.signals[s.rank]->signature[epoch & 1][blockIdx.x][threadIdx.x];
+      const uint64_t *slot = &my_signal->signature[epoch & 1][blockIdx.x][threadIdx.x];
       uint64_t theirs = load_volatile(slot);
       const uint64_t since = now_ns();
       while (uint32_t(seen) == epoch && call_digest(theirs) != uint32_t(seen >> 32) &&
@@ -404,17 +446,32 @@ PYAR_DEVICE float sum_element(const Pack16 *const (&src)[W], uint64_t i) {
 
 struct BlockEpoch {
   uint32_t value;
+  // The block's copy of the state (BlockState), and this call's epoch.
+  // Thread r < kMaxRanks loads rank r's Signal and the rank in one round
+  // trip; thread `rank` then holds this rank's Signal and loads the epoch
+  // and the failure latch side by side, before any store to shared memory
+  // (which a generic load could not pass).
   PYAR_DEVICE static uint32_t begin(const CommState &s) {
-    __shared__ uint32_t epoch;
-    if (threadIdx.x == 0) {
-      epoch = s.signals[s.rank]->epoch[blockIdx.x] + 1;
-      block_failed() = s.signals[s.rank]->failed[blockIdx.x];
+    BlockState &block = block_state();
+    if (threadIdx.x < kMaxRanks) {
+      Signal *const signal = s.signals[threadIdx.x];
+      const uint32_t rank = s.rank;
+      if (threadIdx.x == rank) {
+        const uint32_t epoch = signal->epoch[blockIdx.x] + 1;
+        const uint32_t failed = failure_latched() ? signal->failed[blockIdx.x] : 0u;
+        block.rank = rank;
+        block.epoch = epoch;
+        block.failed = failed;
+      }
+      block.signals[threadIdx.x] = signal;
     }
     __syncthreads();
-    return epoch;
+    return block.epoch;
   }
-  PYAR_DEVICE static void commit(const CommState &s, uint32_t epoch) {
-    if (threadIdx.x == 0) s.signals[s.rank]->epoch[blockIdx.x] = epoch;
+  // The Signal is the block's copy's (begin), not read from the state again.
+  PYAR_DEVICE static void commit(const CommState &, uint32_t epoch) {
+    const BlockState &block = block_state();
+    if (threadIdx.x == 0) block.signals[block.rank]->epoch[blockIdx.x] = epoch;
   }
 };
 
