@@ -77,7 +77,9 @@ struct alignas(16) Signal {
   // Nonzero once any block of this rank failed a call (set with failed[b]):
   // split's kernel B, which waits for no peer, reads it from this rank's
   // own memory and writes nothing after a kernel A that failed (its sums
-  // are stale).  Sticky like failed[b].
+  // are stale); and every block's later calls do nothing, like the failed
+  // block's (BlockEpoch::begin), so no block restages packs a peer that a
+  // failed block gave up on may still read.  Sticky like failed[b].
   uint32_t some_block_failed;
   // [epoch & 1][block][rank]: rank's call, stored just after its start
   // flag (a store before it would hold up the flag's release until it
@@ -449,8 +451,9 @@ struct BlockEpoch {
   // The block's copy of the state (BlockState), and this call's epoch.
   // Thread r < kMaxRanks loads rank r's Signal and the rank in one round
   // trip; thread `rank` then holds this rank's Signal and loads the epoch
-  // and the failure latch side by side, before any store to shared memory
-  // (which a generic load could not pass).
+  // and the failure latches (the block's, and the rank's that other blocks
+  // store) side by side, before any store to shared memory (which a generic
+  // load could not pass).
   PYAR_DEVICE static uint32_t begin(const CommState &s) {
     BlockState &block = block_state();
     if (threadIdx.x < kMaxRanks) {
@@ -458,7 +461,10 @@ struct BlockEpoch {
       const uint32_t rank = s.rank;
       if (threadIdx.x == rank) {
         const uint32_t epoch = signal->epoch[blockIdx.x] + 1;
-        const uint32_t failed = failure_latched() ? signal->failed[blockIdx.x] : 0u;
+        const uint32_t failed =
+            failure_latched()
+                ? signal->failed[blockIdx.x] | load_volatile(&signal->some_block_failed)
+                : 0u;
         block.rank = rank;
         block.epoch = epoch;
         block.failed = failed;
@@ -503,11 +509,11 @@ PYAR_DEVICE bool start_barrier(const CommState &s, uint32_t epoch, const CallInf
 // same grid, so every block that read this rank's scratch in call k has
 // finished, whatever the grid or the block's packs in call k + 1.  (The
 // shards kernels, staged by the host's copy, end with their exit barrier
-// too.)  A block that failed an earlier call copies nothing (it stores no
-// flag either): a peer it gave up on may still be reading its packs.  The
-// rank's other blocks still copy theirs, as the host's copy used to copy
-// everything; a peer still reading then is one that a failed block timed
-// out on, and its next call times out at that block's start flag.
+// too.)  After any block of this rank failed a call, no block copies (nor
+// stores a flag): a peer that the failed block gave up on at its exit
+// barrier passed that barrier (the block had stored its flag) and may still
+// be reading, and a later call on another grid would restage its packs from
+// other blocks.
 //
 // Positive controls (tests/test_protocol_host.py): PYAR_TEST_STAGE_MUTATION
 // as kStageAfterStart copies after the start barrier (peers may read first),
@@ -522,10 +528,13 @@ enum StageMutation { kStageExact = 0, kStageAfterStart = 1, kStageOtherBlock = 2
 constexpr int kStageInFlight = 4;
 
 // Copies packs at[0], .., at[N - 1] of `from` to the same places of `to`,
-// every load in flight before the first store.  Word by word: a 16-byte
-// struct copy here makes clang 19 (AMD) keep the packs in scratch memory.
+// every load in flight before the first store.  On AMD word by word: a
+// 16-byte struct copy there makes clang 19 keep the packs in scratch memory
+// (and it merges the words into 16-byte accesses itself); nvcc keeps words
+// as 4-byte accesses, so NVIDIA copies whole packs.
 template <int N>
 PYAR_DEVICE void copy_packs(const Pack16 *from, Pack16 *to, const uint64_t (&at)[N]) {
+#if PYAR_AMD
   uint32_t v[N][4];
 #pragma unroll
   for (int u = 0; u < N; ++u)
@@ -535,6 +544,13 @@ PYAR_DEVICE void copy_packs(const Pack16 *from, Pack16 *to, const uint64_t (&at)
   for (int u = 0; u < N; ++u)
 #pragma unroll
     for (int j = 0; j < 4; ++j) to[at[u]].w[j] = v[u][j];
+#else
+  Pack16 v[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) v[u] = from[at[u]];
+#pragma unroll
+  for (int u = 0; u < N; ++u) to[at[u]] = v[u];
+#endif
 }
 
 // The start barrier of a kernel that stages its input: when `from` (this
@@ -552,7 +568,8 @@ PYAR_DEVICE bool staged_start_barrier(const CommState &s, uint32_t epoch, const 
   constexpr int mutation = kStageExact;
 #endif
   const bool staging = from != nullptr && !block_failed();
-  Pack16 *const to = staging ? const_cast<Pack16 *>(in->ptr[s.rank]) + in_offset : nullptr;
+  Pack16 *const to =
+      staging ? const_cast<Pack16 *>(in->ptr[block_state().rank]) + in_offset : nullptr;
   const uint32_t block =
       mutation == kStageOtherBlock ? (blockIdx.x + 1) % gridDim.x : uint32_t(blockIdx.x);
   if (staging && mutation != kStageAfterStart) copy(block, from, to);
