@@ -136,7 +136,9 @@ class Workload:
         """K calls back to back; returns (how many of this rank's results were
         wrong, whether a call timed out here).  A timeout raises unless
         ``tolerate_timeout``; then this rank's results of the round are not
-        counted (the call that timed out did no work)."""
+        counted (the call that timed out did no work).  The host may learn of
+        the timeout while it still queues the round's calls (the next call
+        raises it) or at the round's synchronize: both count."""
         comm, kernels, stream, level = self.comm, self.kernels, self.stream, self.level
         words = self.nbytes // 4
         xs = self.inputs[variant]
@@ -147,20 +149,21 @@ class Workload:
             chosen.append(j)
             _hip.memcpy_dtod(xs[k].ptr, self.sources[j].ptr, self.nbytes, stream)
             kernels.fill_u32(self.outs[k].ptr, NAN_WORD, words, stream)
-        for k in range(K):
-            if self.local.random() < level.noise_p:
-                self.noise_stream.wait(stream)  # the noise starts with this call
-                kernels.spin(self.local.uniform(0, level.noise_us), self.noise_stream,
-                             blocks=self.sms * level.noise_per_sm)
-            if self.local.random() < level.delay_p:
-                kernels.spin(self.local.uniform(0, level.delay_us), stream)
-            comm.allreduce(xs[k], out=self.outs[k], algo=algo, stream=stream)
-            kernels.fill_u32(xs[k].ptr, NAN_WORD, words, stream)  # the consumer reuses x_k
         try:
+            for k in range(K):
+                if self.local.random() < level.noise_p:
+                    self.noise_stream.wait(stream)  # the noise starts with this call
+                    kernels.spin(self.local.uniform(0, level.noise_us), self.noise_stream,
+                                 blocks=self.sms * level.noise_per_sm)
+                if self.local.random() < level.delay_p:
+                    kernels.spin(self.local.uniform(0, level.delay_us), stream)
+                comm.allreduce(xs[k], out=self.outs[k], algo=algo, stream=stream)
+                kernels.fill_u32(xs[k].ptr, NAN_WORD, words, stream)  # the consumer reuses x_k
             comm.synchronize(stream)
         except pyar.CollectiveTimeout as exc:
             if not tolerate_timeout:
                 raise
+            stream.synchronize()  # the calls queued behind the failed one give up at once
             self.noise_stream.synchronize()
             self.sc.log(f"{self.dtype.name} {algo} {variant}: {exc}")
             return 0, True
