@@ -2,13 +2,14 @@
 """What the call signature at the start barrier costs (issue 17), piece by
 piece: the shipped all-reduce kernel against the same kernel built from a
 commit before the signature existed, from the commit before the start
-barrier read the state once a call, and from today's sources without one
+barrier read the state once a call, from the commit before only a
+disagreement stored the full signature, and from today's sources without one
 piece each (pyar_protocol.h's test macros); all launched in one run,
 replayed from graphs and timed alternately.
 
-Every kernel built from today's sources, and the older one of
-PREVIOUS_COMMIT (the same Signal layout; no input to stage), runs on one
-communicator.  The kernel of BASELINE_COMMIT runs on a communicator of its
+Every kernel built from today's sources, and the older ones of
+PREVIOUS_COMMIT (the same Signal layout; no input to stage) and
+STORED_COMMIT, runs on one communicator.  The kernel of BASELINE_COMMIT runs on a communicator of its
 own, whose Signal area is zeroed after its one staging call: its Signal
 layout (32-bit flags, then epochs) is not today's (64-bit flags, the start
 flag carrying the call's digest), while CommState, the input table and the
@@ -37,12 +38,14 @@ if ROOT not in sys.path:
 
 BASELINE_COMMIT = "8979203"  # main before the signature
 PREVIOUS_COMMIT = "c766338"  # the start barrier before it read the state once a call
+STORED_COMMIT = "04a5638"    # before only a disagreement stored the full signature
 GRAPH_SIZE = 20
 SHIPPED = "shipped"
 # The rows: folder under DIR -> (commit, or None for this tree; test-only defines).
 KERNELS = {
     BASELINE_COMMIT: (BASELINE_COMMIT, ()),
     PREVIOUS_COMMIT: (PREVIOUS_COMMIT, ()),
+    STORED_COMMIT: (STORED_COMMIT, ()),
     SHIPPED: (None, ()),
     "no-signature": (None, ("PYAR_TEST_NO_SIGNATURE=1",)),
     "no-idle-fill": (None, ("PYAR_TEST_NO_IDLE_FILL=1",)),
@@ -121,10 +124,10 @@ def measure(options):
 
     def launcher(name):
         # The oldest kernel: its own communicator, no signature parameter; the
-        # rows of today's source also take the input to stage (0: all read the
-        # scratch as the first calls staged it).
+        # rows of today's source and of STORED_COMMIT also take the input to
+        # stage (0: all read the scratch as the first calls staged it).
         oldest = name == BASELINE_COMMIT
-        today = KERNELS[name][0] is None
+        today = KERNELS[name][0] in (None, STORED_COMMIT)
         on = old_comm if oldest else comm
         kernel = modules[name].get_function(
             entry, ("ptr", "uint64", *(("ptr",) if today else ()), "ptr", "ptr", "uint64",
@@ -168,7 +171,8 @@ def measure(options):
         if options.json:
             with open(options.json, "w") as f:
                 json.dump({"rows": rows, "baseline_commit": BASELINE_COMMIT,
-                           "previous_commit": PREVIOUS_COMMIT}, f, indent=1)
+                           "previous_commit": PREVIOUS_COMMIT,
+                           "stored_commit": STORED_COMMIT}, f, indent=1)
     for graph in graphs.values():
         graph.close()
     old_comm.close()

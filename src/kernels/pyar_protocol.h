@@ -18,12 +18,12 @@
 // element count, dtype, input mode: pyar/comm/layout.py encodes it) beside
 // the epoch, so the one acquire load that sees a peer arrive also brings
 // what it called, and the check costs no second round trip (call_digest
-// says which disagreements it can miss: about one in 2^32).  The full
-// signature goes into every peer's Signal just after the flag, for the error
-// record only.  Every rank's block b sees the same W digests, so on a
-// disagreement every rank's block b records it and skips the call without
-// touching a peer's memory (nor waits at its later barriers: none of its
-// peers does either).
+// says which disagreements it can miss: about one in 2^32).  Every rank's
+// block b sees the same W digests, so on a disagreement every rank's block b
+// records it and skips the call without touching a peer's memory (nor waits
+// at its later barriers: none of its peers does either).  Only then do the
+// ranks exchange their full signatures, for the error record: no call that
+// agrees stores one.
 // Leaving out `end` is the seed bug: a fast rank returns, reuses its input,
 // and a slow peer still summing that input reads the new data.
 //
@@ -81,16 +81,12 @@ struct alignas(16) Signal {
   // block's (BlockEpoch::begin), so no block restages packs a peer that a
   // failed block gave up on may still read.  Sticky like failed[b].
   uint32_t some_block_failed;
-  // [epoch & 1][block][rank]: rank's call, stored just after its start
-  // flag (a store before it would hold up the flag's release until it
-  // completed) and read only when the digests differ, for the host's error
-  // record: the reader waits until the slot holds the signature whose digest
-  // the flag carried.
-  // Two slots, because a call that disagreed skips its exit barrier: a peer
-  // may then store its next call's signature before this rank has read this
-  // call's.  It stores into this slot again only in the call after that,
-  // after a start barrier that needs this rank's next start flag (or after a
-  // failure, and then it stores nothing).
+  // [epoch & 1][block][rank]: rank's call, stored by a start barrier that
+  // saw the digests differ (barrier(): then every rank's does) for the host's
+  // error record; the reader waits until the slot holds the signature whose
+  // digest the flag carried.  Two slots, by the call's parity: the slot a
+  // reader waits on is never the one a peer's next call stores into (and
+  // after a failure a block stores nothing at all).
   uint64_t signature[2][kMaxBlocks][kMaxRanks];
 };
 
@@ -177,7 +173,7 @@ constexpr uint32_t kNoIdlePhase = 0, kIdleMid = 1u << kMid, kIdleEnd = 1u << kEn
 // two-shot call's `mid` would pass without waiting for its peers' shards.
 // With these stores every slot of the block is at most one call old.  (64-bit
 // epochs would also close it, but the start word's high half carries the
-// call's digest; these are one or two stores a call, with the signature's.)
+// call's digest; these are one or two stores a call.)
 //
 // Relaxed (volatile) stores of the word the phase's own barrier stores (the
 // epoch, high half zero) are enough, and a filler never lets a waiting
@@ -199,9 +195,9 @@ constexpr uint32_t kNoIdlePhase = 0, kIdleMid = 1u << kMid, kIdleEnd = 1u << kEn
 //    release's clock on the slot across a relaxed store).
 // A block whose earlier call failed stores nothing (its start barrier
 // returns first), and no later call of it waits anywhere.  The stores are
-// issued with the signature's, just after the start flag's release: before
-// it, the release would wait for them (it orders every earlier store of its
-// thread), and nothing needs them sooner than the kernel's end.
+// issued just after the start flag's release: before it, the release would
+// wait for them (it orders every earlier store of its thread), and nothing
+// needs them sooner than the kernel's end.
 template <uint32_t kIdle>
 PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t epoch) {
   static_assert((kIdle & ~(kIdleMid | kIdleEnd)) == 0, "only mid and end may be idle");
@@ -309,11 +305,7 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
   uint64_t seen = 0;
   if (peer < W) {
     store_release_system(flag, flag_word(epoch, digest));
-    if (phase == kStart) {
-      if (check)
-        store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][rank], info.signature);
-      keep_idle_slots_current<kIdle>(theirs_signal, rank, epoch);
-    }
+    if (phase == kStart) keep_idle_slots_current<kIdle>(theirs_signal, rank, epoch);
     seen = load_acquire_system(mine);
     if (!reached(seen, epoch)) {
       const uint64_t since = now_ns();
@@ -337,17 +329,13 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     }
     // The word that reached the epoch is the peer's start flag of this
     // call: the same acquire brought the peer's digest in its high half.
-    // Only a build without the exit barrier (the positive control) lets a
-    // peer store a later call's word first; that call's digest says nothing
-    // about this one, and this call's full signature decides instead (the
-    // peer stored it before the later flag's release that the acquire saw).
-    if (check && arrived) {
-      const uint32_t theirs =
-          uint32_t(seen) == epoch
-              ? uint32_t(seen >> 32)
-              : call_digest(load_volatile(&my_signal->signature[epoch & 1][blockIdx.x][peer]));
-      differs = disagree(theirs, digest);
-    }
+    // Only a build without the exit barrier (a positive control) lets a peer
+    // pass this call and store its next call's word first; nothing then says
+    // what it called here, and the check passes.  (With the exit barrier the
+    // peer's next flag needs this rank at this call's last barrier; after a
+    // disagreement the peer's later calls store no flag.)
+    if (check && arrived && uint32_t(seen) == epoch)
+      differs = disagree(uint32_t(seen >> 32), digest);
   }
   // and the acquire precedes the block's later accesses
   if (__syncthreads_and(arrived && !differs)) return true;
@@ -355,19 +343,34 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     my_signal->failed[blockIdx.x] = 1u;
     store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too
   }
+  // The ranks' exact calls, for the host's MismatchError.  Every block that
+  // fails its start barrier stores this rank's call into every peer's
+  // Signal: if two ranks' digests differ, every rank's differs from some
+  // peer's (one that agreed with every peer would make them all agree), but
+  // a block may also fail first by giving up on a rank whose block skipped
+  // the call (a sibling block of that rank failed before it began).
+  if (check && threadIdx.x < W)
+    store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][rank], info.signature);
   if (check && __syncthreads_or(differs)) {  // the slow path only: a failed call
-    if (threadIdx.x < W && arrived) {
-      // Every arrived peer's exact call, for the host's MismatchError: the
-      // peer stores it just after the flag this thread's acquire saw, so
-      // wait (bounded) for the signature with the flag's digest.
+    // Every arrived peer's, with the digest its flag carried.  The peer's
+    // block fails too (it sees the flag that made this one differ, or gives
+    // up waiting for it), and stores it then: within microseconds of the
+    // disagreement, or once it gives up on a rank whose block skipped the
+    // call (kGiveUpCheckNs into its wait), at the latest at its own timeout.
+    // One that does not come within the call's timeout is left unrecorded:
+    // the record's words stay 0 ("not seen") unless another block of this
+    // rank saw it.
+    if (threadIdx.x < W && arrived && uint32_t(seen) == epoch) {
       const uint64_t *slot = &my_signal->signature[epoch & 1][blockIdx.x][threadIdx.x];
-      uint64_t theirs = load_volatile(slot);
       const uint64_t since = now_ns();
-      while (uint32_t(seen) == epoch && call_digest(theirs) != uint32_t(seen >> 32) &&
-             now_ns() - since < kGiveUpCheckNs)
-        theirs = load_volatile(slot);
-      store_volatile(&s.error[3 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs));
-      store_volatile(&s.error[4 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs >> 32));
+      const uint32_t digest_seen = uint32_t(seen >> 32);
+      uint64_t theirs;
+      do theirs = load_volatile(slot);
+      while (call_digest(theirs) != digest_seen && now_ns() - since < info.timeout_ns);
+      if (call_digest(theirs) == digest_seen) {
+        store_volatile(&s.error[3 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs));
+        store_volatile(&s.error[4 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs >> 32));
+      }
     }
     if (threadIdx.x == 0) {
       store_volatile(&s.error[2 + kMaxRanks], 1u);
