@@ -226,18 +226,9 @@ class _RecordingFunction:
         self.launches.append((grid, block, tuple(args)))
 
 
-@pytest.mark.parametrize("registered, x_ptr", [(None, 0x7000_0000_0000),
-                                               (None, 0x7000_0000_0002),
-                                               (0x5300_0000_0000, 0x7000_0000_0000)],
-                         ids=["staged", "staged-unaligned", "registered"])
-def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, registered,
-                                                                   x_ptr):
-    """Messages larger than max_size go in chunks: staged ones read through the
-    staged table, each kernel copying its chunk into the scratch itself (no
-    copy queued; an input that is not 16-byte aligned is copied chunk by chunk
-    first and the kernel stages nothing), registered ones read in place at an
-    offset; parameters by the kernel's names."""
-    itemsize, max_size = 2, 4096
+def _chunking_comm(monkeypatch, max_size):
+    """(communicator of 4 ranks without a GPU, the kernel it launches recording each
+    launch, the copies queued): enough of a Communicator for _allreduce_steps."""
     comm = communicator.Communicator.__new__(communicator.Communicator)
     comm.world, comm.max_size, comm._calls, comm._call_log = 4, max_size, 0, {}
     comm._layout = types.SimpleNamespace(threads=512)
@@ -252,6 +243,43 @@ def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, 
     copies = []
     monkeypatch.setattr(communicator._hip, "memcpy_dtod",
                         lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    return comm, function, copies
+
+
+def test_a_chunked_call_never_agrees_with_calls_of_its_chunks(monkeypatch):
+    """One rank's all-reduce of two chunks against another's two all-reduces of one
+    chunk each: the launches pair up with the same element counts, and only the
+    signature's "more chunks follow" bit tells the first pair apart, so the start
+    barrier's check fails there instead of each rank summing the other's halves."""
+    max_size = 4096
+    signatures = {}
+    for name, sizes in (("one call", [4096]), ("two calls", [2048, 2048])):
+        comm, function, _ = _chunking_comm(monkeypatch, max_size)
+        for size in sizes:
+            x = pyar.DeviceArray.from_pointer(0x7000_0000_0000, (size,), np.float16, device=0)
+            for step in comm._allreduce_steps(x, x, "twoshot", 0x5300_0000_0000):
+                comm._run_step(step, None)
+        signatures[name] = [args[7] for _, _, args in function.launches]
+    one, two = signatures["one call"], signatures["two calls"]
+    assert len(one) == len(two) == 2
+    decoded = [layout.decode_signature(v) for v in one + two]
+    assert {d.elements for d in decoded} == {2048}
+    assert one[0] != two[0] and one[1] == two[1]
+
+
+@pytest.mark.parametrize("registered, x_ptr", [(None, 0x7000_0000_0000),
+                                               (None, 0x7000_0000_0002),
+                                               (0x5300_0000_0000, 0x7000_0000_0000)],
+                         ids=["staged", "staged-unaligned", "registered"])
+def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, registered,
+                                                                   x_ptr):
+    """Messages larger than max_size go in chunks: staged ones read through the
+    staged table, each kernel copying its chunk into the scratch itself (no
+    copy queued; an input that is not 16-byte aligned is copied chunk by chunk
+    first and the kernel stages nothing), registered ones read in place at an
+    offset; parameters by the kernel's names."""
+    itemsize, max_size = 2, 4096
+    comm, function, copies = _chunking_comm(monkeypatch, max_size)
     count = 2 * max_size // itemsize + 1000  # two whole chunks and a short one
     x = pyar.DeviceArray.from_pointer(x_ptr, (count,), np.float16, device=0)
     out = pyar.DeviceArray.from_pointer(0x7100_0000_0000, (count,), np.float16, device=0)
@@ -267,7 +295,8 @@ def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, 
         assert got["n"] == n and got["out"] == out.ptr + first * itemsize
         assert got["call"] == number and got["state"] == comm._state.ptr
         assert got["signature"] == layout.signature("twoshot", n, np.float16,
-                                                    registered is not None)
+                                                    registered is not None,
+                                                    more=first + n < count)
         # Two-shot: each rank reduces a quarter of the chunk's packs, 512 threads a block.
         assert (grid, block) == (min(3, max(1, -(-(n // 8 // 4) // 512))), 512)
         aligned = x.ptr % 16 == 0
@@ -298,7 +327,7 @@ BF16 = np.dtype("bfloat16")
 
 def test_signature_bit_positions():
     """bits 0-39 elements, 40-47 operation, 48-51 dtype, 52 registered,
-    53-56 quantization, 57-63 zero."""
+    53-56 quantization, 57 more chunks of the call follow, 58-63 zero."""
     assert layout.signature("oneshot", 4096, np.float32, False) == 4096 | 1 << 40 | 1 << 48
     assert layout.signature("all_gather", 0, np.float16, True) == 7 << 40 | 2 << 48 | 1 << 52
     assert layout.signature("onestage", 5, BF16, False, 0xF) == (
@@ -306,6 +335,8 @@ def test_signature_bit_positions():
     assert layout.OPERATIONS == {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4,
                                  "split": 5, "reduce_scatter": 6, "all_gather": 7}
     assert layout.signature("split", (1 << 40) - 1, BF16, True, 0xF) < 1 << 57
+    assert layout.signature("oneshot", 4096, np.float32, False, more=True) == (
+        4096 | 1 << 40 | 1 << 48 | 1 << 57)
 
 
 @pytest.mark.parametrize("operation", sorted(layout.OPERATIONS))
@@ -314,18 +345,20 @@ def test_signature_bit_positions():
 def test_signature_round_trip(operation, dtype, elements):
     for registered in (False, True):
         for quantization in (0, 1, 2, 15):
-            value = layout.signature(operation, elements, dtype, registered, quantization)
-            assert layout.decode_signature(value) == (operation, elements, dtype, registered,
-                                                      quantization)
+            for more in (False, True):
+                value = layout.signature(operation, elements, dtype, registered, quantization,
+                                         more)
+                assert layout.decode_signature(value) == (operation, elements, dtype,
+                                                          registered, quantization, more)
 
 
 def test_signatures_differ_in_every_field():
     base = ("twoshot", 4096, BF16, False, 0)
     variants = [("oneshot", 4096, BF16, False, 0), ("twoshot", 4097, BF16, False, 0),
                 ("twoshot", 4096, np.float16, False, 0), ("twoshot", 4096, BF16, True, 0),
-                ("twoshot", 4096, BF16, False, 1)]
+                ("twoshot", 4096, BF16, False, 1), ("twoshot", 4096, BF16, False, 0, True)]
     values = {layout.signature(*v) for v in [base, *variants]}
-    assert len(values) == 6
+    assert len(values) == 7
 
 
 @pytest.mark.parametrize("bad", [dict(elements=-1), dict(elements=1 << 40),
@@ -353,6 +386,8 @@ def test_signature_descriptions():
         "all_gather 9 x float32 staged")
     assert "unknown call" in layout.describe_signature(9 << 40 | 1 << 48)
     assert "unknown call" in layout.describe_signature(1 << 60 | 1 << 40 | 1 << 48)
+    assert layout.describe_signature(layout.signature("oneshot", 8, BF16, True, more=True)) == (
+        "allreduce oneshot 8 x bfloat16 registered (a chunk; more of the call follow)")
     assert "did not arrive" in layout.describe_signature(0)
 
 

@@ -141,10 +141,11 @@ def test_check_catches_mutated_machine_code(amd_bundles, arch):
         pytest.skip(f"no compiler here builds {arch}")
     code = mc.disassemble_amd(OBJDUMP, code_objects[arch], arch)["pyar_allreduce_two_shot_f32_w4"]
     releases, acquires, problems = mc.check_amd_kernel(code, arch)
-    # per barrier: one release; the first flag load, the spinning one, the error word;
-    # the start barrier's wait for a peer's signature (on a disagreement only); and
-    # the rank's failure latch, which other blocks store, read at the block's start
-    assert (releases, acquires, problems) == (3, 11, [])
+    # per barrier: one release; the first flag load, the spinning one, and the give-up
+    # check's two (the rank's failure latch and the error word); the start barrier's
+    # wait for a peer's signature (on a disagreement only); and the rank's failure
+    # latch, which other blocks store, read at the block's start
+    assert (releases, acquires, problems) == (3, 14, [])
 
     # pyar's wait and the compiler's (when it emits one) both go
     no_wait, waiting = [], False

@@ -652,7 +652,7 @@ def test_launch_rmsnorm_passes_each_chunk_by_parameter_name(source, dev, monkeyp
         assert got["call"] == number
         assert got["signature"] == layout.signature(
             "twostage", count * hidden, call.x.dtype, registered is not None,
-            call.quant_code & 0xF)
+            call.quant_code & 0xF, more=first + count < tokens)
         if registered is None:  # the kernel stages the chunk itself
             assert got["in"] == comm._staged_table.ptr and got["in_offset"] == 0
             assert got["stage_from"] == call.x.ptr + first * row
@@ -703,7 +703,8 @@ def test_split_runs_each_chunk_as_its_two_kernels(source, dev, monkeypatch, regi
                        "tokens": count, "hidden": hidden, "state": comm._state.ptr,
                        "timeout_ns": comm._timeout_ns, "call": number,
                        "signature": layout.signature("split", count * hidden, call.x.dtype,
-                                                     registered is not None, 2)}
+                                                     registered is not None, 2,
+                                                     more=first + count < tokens)}
         grid, block, args, stream = kernel_b.launches[number]
         got = dict(zip(b_names, args))
         assert (grid, block, stream) == (count, 512, "S")

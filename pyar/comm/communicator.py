@@ -607,7 +607,8 @@ class Communicator(_eager.EagerCalls):
             packs = count // lanes
             work = packs if algo == "oneshot" else -(-packs // self.world)
             blocks = min(self._max_blocks, max(1, -(-work // threads)))
-            signature = layout.signature(algo, count, x.dtype, registered is not None)
+            signature = layout.signature(algo, count, x.dtype, registered is not None,
+                                         more=first + count < x.size)
             yield ("kernel", function, blocks, threads,
                    (table, in_offset, stage_from, out.ptr + offset, self._state.ptr, count,
                     self._timeout_ns, signature), "allreduce", f"({algo}, {count} x {x.dtype})")
@@ -950,7 +951,8 @@ class Communicator(_eager.EagerCalls):
                                                     call.quant_code)
             details = f"({algo}, {count} x {call.hidden} {dtype})"
             signature = layout.signature(algo, count * call.hidden, dtype,
-                                         registered is not None, call.quant_code & 0xF)
+                                         registered is not None, call.quant_code & 0xF,
+                                         more=first + count < call.tokens)
             if algo != algorithms.SPLIT:
                 yield ("kernel", function, geometry.blocks, geometry.threads,
                        (table, in_offset, stage_from, count, *call.row_args(first, count),

@@ -55,7 +55,10 @@ TABLE_BYTES = _TABLE.size
 # --- the call signature (src/kernels/pyar_protocol.h compares it) -----------------
 # bits 0-39 elements, 40-47 operation, 48-51 dtype, 52 registered input,
 # 53-56 quantization (fused: the QuantKind code & 0xF; reduce_scatter: 1 for a
-# float32 output from a 16-bit input), 57-63 zero.
+# float32 output from a 16-bit input), 57 another launch of the same call
+# follows (a chunk that is not the call's last), 58-63 zero.  With bit 57 the
+# launches of a rank's calls parse into calls one way only: a call of two
+# chunks never agrees with two calls of one chunk each.
 OPERATIONS = {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4, "split": 5,
               "reduce_scatter": 6, "all_gather": 7}
 SIGNATURE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2,
@@ -65,16 +68,18 @@ _QUANT_BITS = 4
 _COLLECTIVE = {"oneshot": "allreduce", "twoshot": "allreduce", "onestage": "allreduce_rmsnorm",
                "twostage": "allreduce_rmsnorm", "split": "allreduce_rmsnorm"}
 
-Signature = collections.namedtuple("Signature", "operation elements dtype registered quantization")
+Signature = collections.namedtuple("Signature",
+                                   "operation elements dtype registered quantization more")
 Signature.__doc__ = """A decoded call signature; ``operation`` and ``dtype`` are None
 for codes pyar does not know."""
 
 
-def signature(operation, elements, dtype, registered, quantization=0):
+def signature(operation, elements, dtype, registered, quantization=0, more=False):
     """The 64-bit signature of one launch: ``operation`` a key of OPERATIONS,
     ``elements`` the launch's element count (all-reduce: the chunk's; fused:
     tokens * hidden of the chunk; reduce_scatter/all_gather: the whole
-    array's), ``registered`` whether peers read the input in place."""
+    array's), ``registered`` whether peers read the input in place, ``more``
+    whether a later chunk of the same call follows."""
     if not 0 <= elements < 1 << _ELEMENT_BITS:
         raise ValueError(f"{elements} elements do not fit the signature's "
                          f"{_ELEMENT_BITS} bits")
@@ -82,7 +87,7 @@ def signature(operation, elements, dtype, registered, quantization=0):
         raise ValueError(f"quantization code {quantization} does not fit "
                          f"{_QUANT_BITS} bits")
     return (elements | OPERATIONS[operation] << 40 | SIGNATURE_DTYPES[np.dtype(dtype)] << 48
-            | int(bool(registered)) << 52 | quantization << 53)
+            | int(bool(registered)) << 52 | quantization << 53 | int(bool(more)) << 57)
 
 
 def decode_signature(value):
@@ -91,18 +96,21 @@ def decode_signature(value):
                       if code == value >> 40 & 0xFF), None)
     dtype = next((d for d, code in SIGNATURE_DTYPES.items() if code == value >> 48 & 0xF), None)
     return Signature(operation, value & (1 << _ELEMENT_BITS) - 1, dtype,
-                     bool(value >> 52 & 1), value >> 53 & (1 << _QUANT_BITS) - 1)
+                     bool(value >> 52 & 1), value >> 53 & (1 << _QUANT_BITS) - 1,
+                     bool(value >> 57 & 1))
 
 
 def describe_signature(value):
     """One rank's call in words, e.g. "allreduce twoshot 4096 x bfloat16 staged"."""
     if value == 0:
-        return "no signature seen (it did not arrive)"
+        return "no signature seen (it did not arrive, or not in time)"
     s = decode_signature(value)
-    if s.operation is None or s.dtype is None or value >> 57:
+    if s.operation is None or s.dtype is None or value >> 58:
         return f"an unknown call (signature {value:#018x})"
     mode = "registered" if s.registered else "staged"
     what = f"{s.elements} x {s.dtype.name} {mode}"
+    if s.more:
+        what += " (a chunk; more of the call follow)"
     if s.operation == "reduce_scatter":
         out = "float32" if s.quantization else s.dtype.name
         return f"reduce_scatter {what}, {out} output"

@@ -21,9 +21,9 @@
 // says which disagreements it can miss: about one in 2^32).  Every rank's
 // block b sees the same W digests, so on a disagreement every rank's block b
 // records it and skips the call without touching a peer's memory (nor waits
-// at its later barriers: none of its peers does either).  Only then do the
-// ranks exchange their full signatures, for the error record: no call that
-// agrees stores one.
+// at its later barriers: none of its peers does either).  Only a failed
+// start barrier stores the rank's full signature into its peers' Signals,
+// for the error record: no call that agrees stores one.
 // Leaving out `end` is the seed bug: a fast rank returns, reuses its input,
 // and a slow peer still summing that input reads the new data.
 //
@@ -82,11 +82,12 @@ struct alignas(16) Signal {
   // failed block gave up on may still read.  Sticky like failed[b].
   uint32_t some_block_failed;
   // [epoch & 1][block][rank]: rank's call, stored by a start barrier that
-  // saw the digests differ (barrier(): then every rank's does) for the host's
+  // failed (barrier(): on a disagreement every rank's does) for the host's
   // error record; the reader waits until the slot holds the signature whose
-  // digest the flag carried.  Two slots, by the call's parity: the slot a
-  // reader waits on is never the one a peer's next call stores into (and
-  // after a failure a block stores nothing at all).
+  // digest the flag carried.  With the failure latch a block stores into
+  // these slots in one call at most; the call's parity keeps the slot a
+  // reader waits on apart from a later call's in builds without the latch
+  // (PYAR_TEST_NO_FAILURE_LATCH).
   uint64_t signature[2][kMaxBlocks][kMaxRanks];
 };
 
@@ -237,8 +238,9 @@ PYAR_DEVICE uint32_t block_failed() { return block_state().failed; }
 
 // The pieces of the start barrier that benchmarks/signature_cost.py prices by
 // leaving each out of a test-only build (with PYAR_TEST_NO_IDLE_FILL):
-// PYAR_TEST_NO_SIGNATURE=1 -- the start flag carries no digest, no signature
-// is stored, nothing is compared; PYAR_TEST_NO_FAILURE_LATCH=1 -- a call
+// PYAR_TEST_NO_SIGNATURE=1 -- the start flag carries no digest and nothing
+// is compared (a call that agrees stores no signature either way);
+// PYAR_TEST_NO_FAILURE_LATCH=1 -- a call
 // neither reads nor sets Signal::failed (nor some_block_failed).  Neither is
 // a positive control: such kernels run correct calls correctly and miss the
 // failures the pieces are there for.
@@ -320,8 +322,11 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
         }
         // After a failure the host refuses new calls, but calls already
         // queued behind it would each wait a whole timeout for peers that
-        // gave up: they stop as soon as they see the error record.
-        if (waited > kGiveUpCheckNs && load_volatile(&s.error[0])) {
+        // gave up: they stop as soon as they see the error record.  So do a
+        // failed block's siblings in its own call, by the rank's latch (set
+        // before a disagreeing block waits for its peers' signatures).
+        if (waited > kGiveUpCheckNs &&
+            (load_volatile(&my_signal->some_block_failed) || load_volatile(&s.error[0]))) {
           arrived = 0;
           break;
         }
@@ -329,11 +334,12 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     }
     // The word that reached the epoch is the peer's start flag of this
     // call: the same acquire brought the peer's digest in its high half.
-    // Only a build without the exit barrier (a positive control) lets a peer
-    // pass this call and store its next call's word first; nothing then says
-    // what it called here, and the check passes.  (With the exit barrier the
-    // peer's next flag needs this rank at this call's last barrier; after a
-    // disagreement the peer's later calls store no flag.)
+    // Only a build without the kernel's last barrier (a positive control)
+    // lets a peer pass this call and store its next call's word first; the
+    // check then passes, rightly: that peer passed this start barrier after
+    // seeing this rank's flag of this call, so it compared the two digests
+    // itself.  (With the last barrier the peer's next flag needs this rank
+    // there; after a disagreement the peer's later calls store no flag.)
     if (check && arrived && uint32_t(seen) == epoch)
       differs = disagree(uint32_t(seen >> 32), digest);
   }
@@ -344,11 +350,13 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too
   }
   // The ranks' exact calls, for the host's MismatchError.  Every block that
-  // fails its start barrier stores this rank's call into every peer's
-  // Signal: if two ranks' digests differ, every rank's differs from some
-  // peer's (one that agreed with every peer would make them all agree), but
-  // a block may also fail first by giving up on a rank whose block skipped
-  // the call (a sibling block of that rank failed before it began).
+  // fails its start barrier stores this rank's call into every peer's Signal
+  // (where its start flag went already; a peer whose flag it never saw may
+  // still have seen its own): if two ranks' digests differ, every rank's
+  // differs from some peer's (one that agreed with every peer would make them
+  // all agree), but a block may also fail first by giving up on a rank whose
+  // block skipped the call (a sibling block of that rank failed before it
+  // began, or this rank's did).
   if (check && threadIdx.x < W)
     store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][rank], info.signature);
   if (check && __syncthreads_or(differs)) {  // the slow path only: a failed call
