@@ -10,8 +10,8 @@ from tests.gpu.scenarios import rows_of, scenario
 
 pytestmark = pytest.mark.gpu
 
-CASES = {"elements", "elements-far", "dtype", "algorithm", "registered", "quantization",
-         "split-rows", "operation"}
+CASES = {"elements", "elements-far", "chunks", "dtype", "algorithm", "registered",
+         "quantization", "split-rows", "operation"}
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -6,6 +6,9 @@ main  For each case, on a fresh Communicator(timeout=TIMEOUT, debug=False),
       the last rank makes a call that differs from the others' in one way:
         elements       4096 against 4097 elements (all-reduce, two-shot)
         elements-far   4096 against 2**20 + 3 (chunked there: other grids too)
+        chunks         2**20 against 2**21 elements, a call of two chunks of 2**20
+                       (the 4 MiB scratch): its first launch has the others' count,
+                       and only "more chunks follow" tells them apart
         dtype          float32 against float16
         algorithm      two-shot against one-shot
         registered     a registered input against a staged one
@@ -60,13 +63,13 @@ def filled(values, stream, ipc=False):
     return a
 
 
-def allreduce_case(n_last=N, dtype_last=np.float32, algo_last="twoshot"):
+def allreduce_case(n_last=N, dtype_last=np.float32, algo_last="twoshot", n=N):
     """An all-reduce case: the last rank's count, dtype or algorithm differs."""
     def prepare(sc, comm, stream):
         last = sc.rank == sc.world - 1
-        n, dtype = (n_last, dtype_last) if last else (N, np.float32)
-        x = filled(np.ones(n, dtype), stream)
-        y = sentinel((n,), dtype, stream)
+        count, dtype = (n_last, dtype_last) if last else (n, np.float32)
+        x = filled(np.ones(count, dtype), stream)
+        y = sentinel((count,), dtype, stream)
         algo = algo_last if last else "twoshot"
         return lambda: comm.allreduce(x, out=y, algo=algo, stream=stream), [x], [y]
     return prepare
@@ -127,7 +130,11 @@ CASES = {
                  "allreduce twoshot 4097 x float32 staged"),
     # 2**20 + 3 float32 on a 4 MiB scratch: the first chunk has 2**20 elements
     "elements-far": (allreduce_case(n_last=(1 << 20) + 3), STAGED_4096,
-                     "allreduce twoshot 1048576 x float32 staged"),
+                     "allreduce twoshot 1048576 x float32 staged "
+                     "(a chunk; more of the call follow)"),
+    "chunks": (allreduce_case(n=1 << 20, n_last=1 << 21),
+               "allreduce twoshot 1048576 x float32 staged",
+               "allreduce twoshot 1048576 x float32 staged (a chunk; more of the call follow)"),
     "dtype": (allreduce_case(dtype_last=np.float16), STAGED_4096,
               "allreduce twoshot 4096 x float16 staged"),
     "algorithm": (allreduce_case(algo_last="oneshot"), STAGED_4096,
