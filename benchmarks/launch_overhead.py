@@ -25,7 +25,10 @@ CuPy arrays, the same call with plans disabled (every check on every call, as
 before plans existed), ``allreduce_rmsnorm`` at one token, a bare
 ``Function.launch`` of the all-reduce kernel and of an empty kernel, a CuPy
 RawKernel launch, the all-reduce replayed from a graph, and a loop of
-``y = comm.allreduce(x)`` (new outputs) against the ``out=y`` loop:
+``y = comm.allreduce(x)`` (new outputs) against the ``out=y`` loop, timed
+as it is and again queued behind a kernel that keeps the stream busy for
+BUSY_MS: a call that waited for the GPU (a synchronizing allocation or free)
+would hold the host loop until that kernel ends:
 
     mpirun -n 8 --oversubscribe python benchmarks/launch_overhead.py --collectives
 """
@@ -67,6 +70,9 @@ extern "C" __global__ void store_args(ArgRecord *out, const void *pointer, int i
 STORE_ARGTYPES = ("ptr", "ptr", "int32", "int64", "uint32", "uint64", "float32")
 RECORD_BYTES = 40
 
+
+BUSY_MS = 200     # the kernel the busy-GPU loops queue behind
+BUSY_CALLS = 200  # calls in those loops: few enough that the launch queue never fills
 
 COLUMNS = ("case", "impl", "host_us", "host_min_us", "total_us", "gpu_us",
            "host_us_per_replay", "error")
@@ -295,14 +301,17 @@ COLLECTIVE_COLUMNS = ("case", "impl", "bytes", "host_us", "host_min_us", "total_
 GRAPH_CALLS = 20  # collectives captured into one graph
 
 
-def _barrier_timed(comm, mpi, stream, function, args, calls, repeats):
+def _barrier_timed(comm, mpi, stream, function, args, calls, repeats, queued_first=None):
     """µs per call: host loop (median, min) and up to the end of the GPU work
-    (median), every rank starting each repeat together."""
+    (median), every rank starting each repeat together, each repeat's calls
+    queued behind what ``queued_first()`` queues on the stream."""
     host, total = [], []
     issue(min(calls, 50), function, args)
     comm.synchronize(stream)
     for _ in range(repeats):
         mpi.Barrier()
+        if queued_first is not None:
+            queued_first()
         start = time.perf_counter()
         issue(calls, function, args)
         issued = time.perf_counter()
@@ -384,6 +393,16 @@ def measure_collectives(options, mpi, comm, stream):
     rows.append(_collective_row("comm.allreduce(x, out=y), registered, same loop length",
                                 "pyar, plan replayed", nbytes,
                                 timed(given, (), options.alloc_calls)))
+    # Behind a busy stream: a host loop far shorter than BUSY_MS shows that no
+    # call waited for the GPU.
+    spin = module.get_function("pyar_test_spin", ("uint64",))
+    busy = lambda: spin.launch(1, 32, (BUSY_MS * 1_000_000,), stream=stream)
+    for case, function in (("y = comm.allreduce(x)", new_outputs),
+                           ("comm.allreduce(x, out=y)", given)):
+        rows.append(_collective_row(
+            f"{case}, registered, {BUSY_CALLS} calls behind a {BUSY_MS} ms kernel",
+            "pyar, plan replayed", nbytes,
+            _barrier_timed(comm, mpi, stream, function, (), BUSY_CALLS, 3, queued_first=busy)))
     return rows
 
 
