@@ -65,7 +65,7 @@ PYAR_DEVICE void one_shot(const InputTable *in, uint64_t in_offset, const Pack16
       reinterpret_cast<T *>(out)[packs * Lanes<T>::kCount + threadIdx.x] = tail;
     exit_barrier<W>(s, epoch, info);
   }
-  BlockEpoch::commit(s, epoch);
+  BlockEpoch::commit();
 }
 
 // Two-shot: rank r reduces shard r into its partial scratch (reduce-scatter),
@@ -138,7 +138,7 @@ PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, const Pack16
       exit_barrier<W>(s, epoch, info);
     }
   }
-  BlockEpoch::commit(s, epoch);
+  BlockEpoch::commit();
 }
 
 }  // namespace pyar

@@ -515,7 +515,7 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, const Pack1
     norm_rows<T, P, Q>(rows, tokens, a, ctx, res);
     exit_barrier<W>(s, epoch, info);
   }
-  BlockEpoch::commit(s, epoch);
+  BlockEpoch::commit();
 }
 
 // Phase 1 of two_stage: this rank's slice of each of the block's rows,
@@ -582,7 +582,7 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, const Pack1
       exit_barrier<W>(s, epoch, info);
     }
   }
-  BlockEpoch::commit(s, epoch);
+  BlockEpoch::commit();
 }
 
 // Kernel A of split, the two-stage kernel's first phase alone: after `mid`
@@ -624,7 +624,7 @@ PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, const Pa
     fence_system();  // as in two_stage: the stores to peers precede `mid`
     mid_barrier<W>(s, epoch, info);
   }
-  BlockEpoch::commit(s, epoch);
+  BlockEpoch::commit();
 }
 
 // `failed`: for split's kernel B, this rank's Signal::some_block_failed,

@@ -458,7 +458,6 @@ PYAR_DEVICE float sum_element(const Pack16 *const (&src)[W], uint64_t i) {
 }
 
 struct BlockEpoch {
-  uint32_t value;
   // The block's copy of the state (BlockState), and this call's epoch.
   // Thread r < kMaxRanks loads rank r's Signal and the rank in one round
   // trip; thread `rank` then holds this rank's Signal and loads the epoch
@@ -485,10 +484,11 @@ struct BlockEpoch {
     __syncthreads();
     return block.epoch;
   }
-  // The Signal is the block's copy's (begin), not read from the state again.
-  PYAR_DEVICE static void commit(const CommState &, uint32_t epoch) {
+  // Stores the call's epoch (the block's copy, from begin) into this rank's
+  // Signal, through the block's copy of its address.
+  PYAR_DEVICE static void commit() {
     const BlockState &block = block_state();
-    if (threadIdx.x == 0) block.signals[block.rank]->epoch[blockIdx.x] = epoch;
+    if (threadIdx.x == 0) block.signals[block.rank]->epoch[blockIdx.x] = block.epoch;
   }
 };
 

@@ -73,7 +73,7 @@ PYAR_DEVICE void reduce_scatter(const InputTable *in, uint64_t in_offset, uint64
     if (blockIdx.x == 0 && j < length) out[j] = Sums<T, OutT>::element(sum_element<T, W>(src, j));
     exit_barrier<W>(s, epoch, info);
   }
-  BlockEpoch::commit(s, epoch);
+  BlockEpoch::commit();
 }
 
 // Every rank's chunk of its shard, copied into place: peer q's element j,
@@ -126,7 +126,7 @@ PYAR_DEVICE void all_gather(const InputTable *in, uint64_t in_offset, T *out,
     }
     exit_barrier<W>(s, epoch, info);
   }
-  BlockEpoch::commit(s, epoch);
+  BlockEpoch::commit();
 }
 
 }  // namespace pyar
