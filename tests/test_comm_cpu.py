@@ -454,6 +454,7 @@ def test_a_recorded_timeout_still_raises_collective_timeout():
     with pytest.raises(CollectiveTimeout) as raised:
         comm._check_kernel_failure()
     assert raised.value.missing == (3,) and "allreduce call 7" in raised.value.call
+    assert raised.value.sequence == 7  # the calls before 7 completed on this rank
 
 
 def test_a_clean_record_raises_nothing():
@@ -469,8 +470,10 @@ def test_collective_timeout_pickles():
     assert "allreduce call 7" in text and "rank 1" in text and "2, 3" in text and "2.5" in text
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is CollectiveTimeout
-    assert (copy.call, copy.missing, copy.rank, copy.timeout) == (
-        error.call, (2, 3), 1, 2.5)
+    assert (copy.call, copy.missing, copy.rank, copy.timeout, copy.sequence) == (
+        error.call, (2, 3), 1, 2.5, None)
+    numbered = CollectiveTimeout("allreduce call 7", [2], 1, 2.5, sequence=7)
+    assert pickle.loads(pickle.dumps(numbered)).sequence == 7
     assert str(copy) == text
     nobody = CollectiveTimeout("a collective", [], 0, 300.0)
     assert "not every rank arrived within 300 s" in str(nobody)

@@ -366,7 +366,8 @@ class Communicator(_eager.EagerCalls):
                 "closed to further calls")
         else:
             missing = [r for r in range(self.world) if words[_MISSING + r]]
-            self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout)
+            self._failure = CollectiveTimeout(call, missing, self.rank, self.timeout,
+                                              sequence=number)
         raise self._failure
 
     def synchronize(self, stream=None):

@@ -7,11 +7,15 @@ class CollectiveTimeout(RuntimeError):
     ``call`` describes the call (or host-side step) that timed out,
     ``missing`` lists the ranks that never arrived (empty where they cannot be
     told), ``rank`` is the rank that observed it.  ``late`` means this rank
-    arrived after its peers had given up on it.  The communicator is unusable
-    afterwards: its barrier counters no longer agree across ranks.
+    arrived after its peers had given up on it.  ``sequence`` is the 32-bit
+    number of the kernel call that gave up, where a kernel did (None for a
+    host-side step): this rank's earlier calls on the stream completed; the
+    results of that call and of every later one are not to be used.  The
+    communicator is unusable afterwards: its barrier counters no longer agree
+    across ranks.
     """
 
-    def __init__(self, call, missing, rank, timeout, late=False):
+    def __init__(self, call, missing, rank, timeout, late=False, sequence=None):
         if late:
             what = f"the other ranks had given up after waiting {timeout:g} s for this one"
         elif missing:
@@ -26,9 +30,11 @@ class CollectiveTimeout(RuntimeError):
         self.rank = rank
         self.timeout = timeout
         self.late = late
+        self.sequence = sequence
 
     def __reduce__(self):
-        return type(self), (self.call, self.missing, self.rank, self.timeout, self.late)
+        return type(self), (self.call, self.missing, self.rank, self.timeout, self.late,
+                            self.sequence)
 
 
 class MismatchError(ValueError):
