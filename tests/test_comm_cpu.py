@@ -461,6 +461,36 @@ def test_a_clean_record_raises_nothing():
     _failed_comm(4, {})._check_kernel_failure()
 
 
+class _Occupancy:
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def max_active_blocks_per_multiprocessor(self, threads):
+        assert threads == 512
+        return self.blocks
+
+
+@pytest.mark.parametrize("sharing, occupancy, cap", [
+    (1, 3, 128),  # alone on the GPU: every slot, within the layout's 128 blocks
+    (2, 2, 66),   # half the slots, 132 // 4 = 66: one block per multiprocessor in all
+    (2, 3, 66),   # half the slots would be 99: two ranks' grids on 198 multiprocessors
+    (3, 2, 44),
+    (3, 3, 44),   # 66 a rank starved the third rank on the H200
+    (4, 2, 33),
+    (8, 2, 16),
+    (8, 1, 8),    # half the slots is the tighter bound
+])
+def test_spinning_blocks_of_ranks_sharing_a_gpu_fit_one_a_multiprocessor(
+        monkeypatch, sharing, occupancy, cap):
+    comm = communicator.Communicator.__new__(communicator.Communicator)
+    comm.device = 0
+    comm._layout = types.SimpleNamespace(threads=512, max_blocks=128)
+    monkeypatch.setattr(communicator._hip, "Device",
+                        lambda device: types.SimpleNamespace(multiprocessor_count=132))
+    functions = [_Occupancy(occupancy + 1), _Occupancy(occupancy)]  # the lowest counts
+    assert comm._block_cap(sharing, functions) == cap
+
+
 # --- exceptions -------------------------------------------------------------------
 
 def test_collective_timeout_pickles():

@@ -249,7 +249,9 @@ class Communicator(_eager.EagerCalls):
 
     def _block_cap(self, sharing, functions):
         """Blocks per call of ``functions`` such that every rank's blocks fit on
-        the GPU at once, with half of its block slots left to other kernels.
+        the GPU at once: with half of its block slots left to other kernels,
+        and, where ranks share the GPU, at most one block per multiprocessor
+        over all of them.
 
         Blocks spin on peers, so a block that cannot become resident because
         spinning blocks hold the slots it needs waits until the timeout; the
@@ -258,15 +260,23 @@ class Communicator(_eager.EagerCalls):
         queue behind one of its own small kernels (a copy, a fill, the
         caller's work) that finds no room beside the peers' spinning blocks.
         That was seen on the H200 at 3 and 4 ranks under MPS and vanished
-        with half the slots.  A rank alone on its GPU competes with no
-        spinning peer there and may use every slot.
+        with half the slots.  Half is not enough either when a kernel's
+        occupancy is high: MPS may keep blocks of different processes off one
+        multiprocessor, and a grid spreads over as many multiprocessors as it
+        has blocks.  At 3 ranks, kernels of 40 registers (3 blocks a
+        multiprocessor, so 66 blocks a rank) left two ranks' spinning blocks
+        on all 132 multiprocessors of the H200, and the third rank's kernel
+        started only when they gave up, every time; 44 blocks a rank never
+        did.  A rank alone on its GPU competes with no spinning peer there and
+        may use every slot.
         """
         dev = _hip.Device(self.device)
+        sms = dev.multiprocessor_count
         occupancy = min(f.max_active_blocks_per_multiprocessor(self._layout.threads)
                         for f in functions)
-        slots = dev.multiprocessor_count * occupancy
-        per_rank = slots if sharing == 1 else max(1, slots // (2 * sharing))
-        return min(self._layout.max_blocks, dev.multiprocessor_count, per_rank)
+        slots = sms * occupancy
+        per_rank = slots if sharing == 1 else max(1, min(slots // (2 * sharing), sms // sharing))
+        return min(self._layout.max_blocks, sms, per_rank)
 
     def _allreduce_functions(self):
         return [self._function(algo, dtype)
