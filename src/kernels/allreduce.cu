@@ -39,7 +39,7 @@ PYAR_DEVICE void one_shot(const InputTable *in, uint64_t in_offset, const Pack16
                           Pack16 *out, const CommState *state, uint64_t n,
                           const CallInfo &info) {
   const CommState &s = *state;
-  const uint32_t epoch = BlockEpoch::begin(s);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
   const uint64_t packs = n / Lanes<T>::kCount;
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   const auto copy = [&](uint32_t block, const Pack16 *from, Pack16 *to) {
@@ -88,7 +88,7 @@ PYAR_DEVICE void two_shot(const InputTable *in, uint64_t in_offset, const Pack16
                           Pack16 *out, const CommState *state, uint64_t n,
                           const CallInfo &info) {
   const CommState &s = *state;
-  const uint32_t epoch = BlockEpoch::begin(s);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
   const uint64_t packs = n / Lanes<T>::kCount;
   const uint64_t shard = (packs + W - 1) / W;
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;

@@ -506,7 +506,7 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, const Pack1
   ResidualRow<T, P> res;
   res.load(ctx.cols, a.residual, first_row(tokens));
   const PeerRows<T, P, W> rows{RankTable<W>::template fill<0>(in->ptr, in_offset)};
-  const uint32_t epoch = BlockEpoch::begin(s);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
   // One pack at a time: the weight and residual packs are live across the
   // copy (more in flight spill), and one-stage runs where a block has one
   // row or few.
@@ -554,7 +554,7 @@ PYAR_DEVICE void two_stage(const InputTable *in, uint64_t in_offset, const Pack1
   const CommState &s = *state;
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
-  const uint32_t epoch = BlockEpoch::begin(s);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
   if (staged_start_barrier<W, kNoIdlePhase>(
           s, epoch, info, in, in_offset, stage_from,
           StageRows<P, kStageInFlight>{tokens, a.hidden >> kLaneShift<T>})) {
@@ -616,7 +616,7 @@ PYAR_DEVICE void split_reduce(const InputTable *in, uint64_t in_offset, const Pa
   const CommState &s = *state;
   const RankTable<W> src = RankTable<W>::template fill<0>(in->ptr, in_offset);
   const RankTable<W> gather = RankTable<W>::template fill<1>(s.partial, 0);
-  const uint32_t epoch = BlockEpoch::begin(s);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
   if (staged_start_barrier<W, kIdleEnd>(
           s, epoch, info, in, in_offset, stage_from,
           StageRows<P, kStageInFlight>{tokens, hidden >> kLaneShift<T>})) {

@@ -211,8 +211,8 @@ PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t
     store_volatile(&theirs->flags[kEnd][blockIdx.x][rank], flag_word(epoch, 0));
 }
 
-// What a block's barriers need of the CommState, and its call's epoch:
-// BlockEpoch::begin copies them into shared memory once a call.  A barrier
+// What a block's barriers need of the CommState, and its call's epoch and
+// digest: BlockEpoch::begin copies them into shared memory once a call.  A barrier
 // reading the state itself would load it from global memory after each of
 // its release and acquire (compiler barriers) and each store through a
 // Signal pointer (which may alias it): the rank, then its Signal, two
@@ -226,6 +226,7 @@ struct BlockState {
   uint32_t rank;
   uint32_t epoch;   // this call's
   uint32_t failed;  // Signal::failed of the block when the call began
+  uint32_t digest;  // call_digest of the call's signature (0 in builds without the check)
 };
 
 PYAR_DEVICE BlockState &block_state() {
@@ -289,7 +290,7 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
   const bool check = phase == kStart && signature_checked();
   const uint32_t peer = threadIdx.x;
   const uint32_t rank = block.rank;
-  const uint32_t digest = check ? call_digest(info.signature) : 0;
+  const uint32_t digest = check ? block.digest : 0;
   Signal *const my_signal = block.signals[rank];
   Signal *theirs_signal = nullptr;
   uint64_t *flag = nullptr;
@@ -303,35 +304,15 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     mine = &my_signal->flags[phase][blockIdx.x][peer];
   }
   sync_block_before_release();  // the block's earlier reads and writes precede the release
-  int arrived = 1, differs = 0;
+  int arrived = 1, differs = 0, passed = 1;
   uint64_t seen = 0;
   if (peer < W) {
-    store_release_system(flag, flag_word(epoch, digest));
-    if (phase == kStart) keep_idle_slots_current<kIdle>(theirs_signal, rank, epoch);
-    seen = load_acquire_system(mine);
-    if (!reached(seen, epoch)) {
-      const uint64_t since = now_ns();
-      while (!reached(seen = load_acquire_system(mine), epoch)) {
-        const uint64_t waited = now_ns() - since;
-        if (waited > info.timeout_ns) {
-          store_volatile(&s.error[1 + peer], 1u);
-          store_volatile(&s.error[1 + kMaxRanks], info.call);
-          store_volatile(&s.error[0], 1u);
-          arrived = 0;
-          break;
-        }
-        // After a failure the host refuses new calls, but calls already
-        // queued behind it would each wait a whole timeout for peers that
-        // gave up: they stop as soon as they see the error record.  So do a
-        // failed block's siblings in its own call, by the rank's latch (set
-        // before a disagreeing block waits for its peers' signatures).
-        if (waited > kGiveUpCheckNs &&
-            (load_volatile(&my_signal->some_block_failed) || load_volatile(&s.error[0]))) {
-          arrived = 0;
-          break;
-        }
-      }
-    }
+    // A peer making the same call stores the very word this rank stores: a
+    // load that sees it passes with no further test, at the first load or
+    // in the spin, so the digest costs no instruction between the acquire
+    // and the block's vote.  Any other word that reached the epoch is
+    // classified (`judge`); one that never reaches it fails the barrier.
+    const uint64_t word = flag_word(epoch, digest);
     // The word that reached the epoch is the peer's start flag of this
     // call: the same acquire brought the peer's digest in its high half.
     // Only a build without the kernel's last barrier (a positive control)
@@ -340,11 +321,49 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     // seeing this rank's flag of this call, so it compared the two digests
     // itself.  (With the last barrier the peer's next flag needs this rank
     // there; after a disagreement the peer's later calls store no flag.)
-    if (check && arrived && uint32_t(seen) == epoch)
-      differs = disagree(uint32_t(seen >> 32), digest);
+    const auto judge = [&] {
+      if (check && uint32_t(seen) == epoch) differs = disagree(uint32_t(seen >> 32), digest);
+      passed = !differs;
+    };
+    store_release_system(flag, word);
+    if (phase == kStart) keep_idle_slots_current<kIdle>(theirs_signal, rank, epoch);
+    seen = load_acquire_system(mine);
+    if (seen != word) {
+      if (reached(seen, epoch)) {
+        judge();
+      } else {
+        const uint64_t since = now_ns();
+        for (;;) {
+          seen = load_acquire_system(mine);
+          if (seen == word) break;
+          if (reached(seen, epoch)) {
+            judge();
+            break;
+          }
+          const uint64_t waited = now_ns() - since;
+          if (waited > info.timeout_ns) {
+            store_volatile(&s.error[1 + peer], 1u);
+            store_volatile(&s.error[1 + kMaxRanks], info.call);
+            store_volatile(&s.error[0], 1u);
+            arrived = passed = 0;
+            break;
+          }
+          // After a failure the host refuses new calls, but calls already
+          // queued behind it would each wait a whole timeout for peers that
+          // gave up: they stop as soon as they see the error record.  So do
+          // a failed block's siblings in its own call, by the rank's latch
+          // (set before a disagreeing block waits for its peers' signatures).
+          if (waited > kGiveUpCheckNs &&
+              (load_volatile(&my_signal->some_block_failed) || load_volatile(&s.error[0]))) {
+            arrived = passed = 0;
+            break;
+          }
+        }
+      }
+    }
   }
   // and the acquire precedes the block's later accesses
-  if (__syncthreads_and(arrived && !differs)) return true;
+  if (__syncthreads_and(passed)) return true;
   if (threadIdx.x == 0 && failure_latched()) {
     my_signal->failed[blockIdx.x] = 1u;
     store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too
@@ -463,8 +482,9 @@ struct BlockEpoch {
   // trip; thread `rank` then holds this rank's Signal and loads the epoch
   // and the failure latches (the block's, and the rank's that other blocks
   // store) side by side, before any store to shared memory (which a generic
-  // load could not pass).
-  PYAR_DEVICE static uint32_t begin(const CommState &s) {
+  // load could not pass); it hashes the call's signature into its digest
+  // while they are in flight, off the start barrier's critical path.
+  PYAR_DEVICE static uint32_t begin(const CommState &s, const CallInfo &info) {
     BlockState &block = block_state();
     if (threadIdx.x < kMaxRanks) {
       Signal *const signal = s.signals[threadIdx.x];
@@ -478,6 +498,7 @@ struct BlockEpoch {
         block.rank = rank;
         block.epoch = epoch;
         block.failed = failed;
+        block.digest = signature_checked() ? call_digest(info.signature) : 0u;
       }
       block.signals[threadIdx.x] = signal;
     }

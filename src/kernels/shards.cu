@@ -55,7 +55,7 @@ PYAR_DEVICE void reduce_scatter(const InputTable *in, uint64_t in_offset, uint64
                                 uint64_t first, uint64_t count, const CallInfo &info) {
   constexpr int L = Lanes<T>::kCount;
   const CommState &s = *state;
-  const uint32_t epoch = BlockEpoch::begin(s);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
   if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     const uint64_t length = chunk_length(s.rank, n, shard, first, count);
     const uint64_t base = in_offset + s.rank * in_stride;  // a multiple of L
@@ -89,7 +89,7 @@ PYAR_DEVICE void all_gather(const InputTable *in, uint64_t in_offset, T *out,
   constexpr int L = Lanes<T>::kCount;
   constexpr int kGroup = W < 4 ? W : 4;
   const CommState &s = *state;
-  const uint32_t epoch = BlockEpoch::begin(s);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
   if (start_barrier<W, kIdleMid>(s, epoch, info)) {
     const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
 #pragma unroll
