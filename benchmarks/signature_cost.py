@@ -3,14 +3,15 @@
 piece: the shipped all-reduce kernel against the same kernel built from a
 commit before the signature existed, from the commit before the start
 barrier read the state once a call, from the commit before only a
-disagreement stored the full signature, and from today's sources without one
+disagreement stored the full signature, from the commit before a flag equal
+to the rank's own passed unjudged, and from today's sources without one
 piece each (pyar_protocol.h's test macros); all launched in one run,
 replayed from graphs and timed alternately.
 
 Every kernel built from today's sources, and the older ones of
-PREVIOUS_COMMIT (the same Signal layout; no input to stage) and
-STORED_COMMIT, runs on one communicator.  The kernel of BASELINE_COMMIT runs on a communicator of its
-own, whose Signal area is zeroed after its one staging call: its Signal
+PREVIOUS_COMMIT (the same Signal layout; no input to stage), STORED_COMMIT
+and JUDGED_COMMIT, runs on one communicator.  The kernel of BASELINE_COMMIT
+runs on a communicator of its own, whose Signal area is zeroed after its one staging call: its Signal
 layout (32-bit flags, then epochs) is not today's (64-bit flags, the start
 flag carrying the call's digest), while CommState, the input table and the
 error record's first words are unchanged.  Both communicators stage the same
@@ -39,6 +40,7 @@ if ROOT not in sys.path:
 BASELINE_COMMIT = "8979203"  # main before the signature
 PREVIOUS_COMMIT = "c766338"  # the start barrier before it read the state once a call
 STORED_COMMIT = "04a5638"    # before only a disagreement stored the full signature
+JUDGED_COMMIT = "9cf71ec"    # before begin hashed the digest and an equal flag passed unjudged
 GRAPH_SIZE = 20
 SHIPPED = "shipped"
 # The rows: folder under DIR -> (commit, or None for this tree; test-only defines).
@@ -46,6 +48,7 @@ KERNELS = {
     BASELINE_COMMIT: (BASELINE_COMMIT, ()),
     PREVIOUS_COMMIT: (PREVIOUS_COMMIT, ()),
     STORED_COMMIT: (STORED_COMMIT, ()),
+    JUDGED_COMMIT: (JUDGED_COMMIT, ()),
     SHIPPED: (None, ()),
     "no-signature": (None, ("PYAR_TEST_NO_SIGNATURE=1",)),
     "no-idle-fill": (None, ("PYAR_TEST_NO_IDLE_FILL=1",)),
@@ -124,10 +127,11 @@ def measure(options):
 
     def launcher(name):
         # The oldest kernel: its own communicator, no signature parameter; the
-        # rows of today's source and of STORED_COMMIT also take the input to
-        # stage (0: all read the scratch as the first calls staged it).
+        # rows of today's source, STORED_COMMIT and JUDGED_COMMIT also take
+        # the input to stage (0: all read the scratch as the first calls
+        # staged it).
         oldest = name == BASELINE_COMMIT
-        today = KERNELS[name][0] in (None, STORED_COMMIT)
+        today = KERNELS[name][0] in (None, STORED_COMMIT, JUDGED_COMMIT)
         on = old_comm if oldest else comm
         kernel = modules[name].get_function(
             entry, ("ptr", "uint64", *(("ptr",) if today else ()), "ptr", "ptr", "uint64",
@@ -172,7 +176,8 @@ def measure(options):
             with open(options.json, "w") as f:
                 json.dump({"rows": rows, "baseline_commit": BASELINE_COMMIT,
                            "previous_commit": PREVIOUS_COMMIT,
-                           "stored_commit": STORED_COMMIT}, f, indent=1)
+                           "stored_commit": STORED_COMMIT,
+                           "judged_commit": JUDGED_COMMIT}, f, indent=1)
     for graph in graphs.values():
         graph.close()
     old_comm.close()
