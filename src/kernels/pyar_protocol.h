@@ -211,8 +211,9 @@ PYAR_DEVICE void keep_idle_slots_current(Signal *theirs, uint32_t rank, uint32_t
     store_volatile(&theirs->flags[kEnd][blockIdx.x][rank], flag_word(epoch, 0));
 }
 
-// What a block's barriers need of the CommState, and its call's epoch and
-// digest: BlockEpoch::begin copies them into shared memory once a call.  A barrier
+// What a block's barriers need of the CommState, its call's epoch, and the
+// digest of its call's signature: BlockEpoch::begin copies the first two and
+// computes the third into shared memory once a call.  A barrier
 // reading the state itself would load it from global memory after each of
 // its release and acquire (compiler barriers) and each store through a
 // Signal pointer (which may alias it): the rank, then its Signal, two
@@ -226,7 +227,7 @@ struct BlockState {
   uint32_t rank;
   uint32_t epoch;   // this call's
   uint32_t failed;  // Signal::failed of the block when the call began
-  uint32_t digest;  // call_digest of the call's signature (0 in builds without the check)
+  uint32_t digest;  // call_digest of the call's signature; 0 where !signature_checked()
 };
 
 PYAR_DEVICE BlockState &block_state() {
