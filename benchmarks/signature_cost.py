@@ -11,11 +11,12 @@ replayed from graphs and timed alternately.
 Every kernel built from today's sources, and the older ones of
 PREVIOUS_COMMIT (the same Signal layout; no input to stage), STORED_COMMIT
 and JUDGED_COMMIT, runs on one communicator.  The kernel of BASELINE_COMMIT
-runs on a communicator of its own, whose Signal area is zeroed after its one staging call: its Signal
-layout (32-bit flags, then epochs) is not today's (64-bit flags, the start
-flag carrying the call's digest), while CommState, the input table and the
-error record's first words are unchanged.  Both communicators stage the same
-input; every kernel writes an output of its own, checked after the run.
+runs on a communicator of its own, whose Signal area is zeroed after its one
+staging call: its Signal layout (32-bit flags, then epochs) is not today's
+(64-bit flags, the start flag carrying the call's digest), while CommState,
+the input table and the error record's first words are unchanged.  Both
+communicators stage the same input; every kernel writes an output of its
+own, checked after the run.
 
     # here (needs nvcc and git): every kernel below into DIR/<row>/allreduce.fatbin
     python benchmarks/signature_cost.py --build-baseline DIR [--arch sm_90]
@@ -131,12 +132,12 @@ def measure(options):
         # the input to stage (0: all read the scratch as the first calls
         # staged it).
         oldest = name == BASELINE_COMMIT
-        today = KERNELS[name][0] in (None, STORED_COMMIT, JUDGED_COMMIT)
+        stages = KERNELS[name][0] in (None, STORED_COMMIT, JUDGED_COMMIT)
         on = old_comm if oldest else comm
         kernel = modules[name].get_function(
-            entry, ("ptr", "uint64", *(("ptr",) if today else ()), "ptr", "ptr", "uint64",
+            entry, ("ptr", "uint64", *(("ptr",) if stages else ()), "ptr", "ptr", "uint64",
                     "uint64", *(() if oldest else ("uint64",)), "uint32"))
-        arguments = (on._staged_table.ptr, 0, *((0,) if today else ()), outs[name].ptr,
+        arguments = (on._staged_table.ptr, 0, *((0,) if stages else ()), outs[name].ptr,
                      on._state.ptr, count, on._timeout_ns,
                      *(() if oldest else (signature,)), 0)
         return lambda: kernel.launch(blocks, comm._layout.threads, arguments, stream=stream)

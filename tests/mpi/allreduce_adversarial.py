@@ -171,7 +171,6 @@ class Workload:
             if not tolerate_timeout:
                 raise
             stream.synchronize()  # the calls queued behind the failed one give up at once
-            self.noise_stream.synchronize()
             completed = 0 if exc.sequence is None else sum(end <= exc.sequence for end in ends)
             self.sc.log(f"{self.dtype.name} {algo} {variant}: {exc}; {completed} of the "
                         "round's calls completed before it")
