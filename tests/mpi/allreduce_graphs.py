@@ -39,6 +39,10 @@ SLOT_BYTES = 256 << 10
 # 2-rank grid reads about one pack per thread, and the H200 saw no wrong sum in 144480
 # calls at 2 ranks (one in 3168-8568 calls in earlier sessions).
 CONTROL_SLOT_BYTES = 8 << 20
+# At 2 ranks sharing a GPU each rank has one block a multiprocessor, so both read at one
+# pace: no wrong sum in 25008 calls with 8 MiB on the H200.  A longer read lets a noise
+# kernel beside one rank's blocks put it further behind its peer.
+CONTROL_SLOT_BYTES_2_RANKS = 64 << 20
 TAIL_BYTES = 12        # not a whole 16-byte pack; a multiple of 4 for fill_u32
 CONTROL_SECONDS = 90
 STEP_DELAY_US = 100    # captured per (rank, step) with probability 1/2
@@ -73,7 +77,8 @@ def replay_config(sc, comm, kernels, streams, dtype, algo, key, deadline=None):
     stream, noise_stream = streams
     graph, patterns, expected, sources, outs, x = slot_graph(
         sc, comm, kernels, stream, dtype, algo, key,
-        CONTROL_SLOT_BYTES if control else SLOT_BYTES)
+        SLOT_BYTES if not control else
+        CONTROL_SLOT_BYTES_2_RANKS if sc.world == 2 else CONTROL_SLOT_BYTES)
     noise_p, noise_us, noise_per_sm = NOISE[control]
     sms = pyar.Device(comm.device).multiprocessor_count
     shared = rng(*key, 7)             # same on every rank: which pattern each step gets
