@@ -404,6 +404,31 @@ def test_fused_calls_replay_and_return_their_arguments(monkeypatch):
     assert len(Sequence.made) == 2
 
 
+def test_the_last_call_is_replayed_only_while_every_part_is_the_same(monkeypatch):
+    """A loop repeats one call, so the last replayed call is compared part by
+    part before any key is built: a scalar of another type or value, another
+    output, or forgotten plans take their own plan or the checks.  (Freed memory
+    under the last call: test_memory_freed_under_a_replayed_array_is_caught.)"""
+    comm, x, residual, weight, out = _fused_call(monkeypatch)
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1e-5, out=out)
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1, out=out)  # an int: checked apart
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1e-5, out=out)
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1.0, out=out)  # 1.0 is not 1
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1, out=out)
+    small, one, as_float = Sequence.made
+    assert small.runs == [(0, 2, 0)] and one.runs == [(0, 4, 0)] and as_float.runs == []
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1.0, out=out)
+    assert as_float.runs == [(0, 5, 0)]
+    elsewhere = array(0x7500_0000_0000, dtype=x.dtype).reshape(1, 1000)
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1.0, out=elsewhere)
+    assert len(Sequence.made) == 4 and as_float.runs == [(0, 5, 0)]
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1.0, out=out)
+    assert as_float.runs == [(0, 5, 0), (0, 7, 0)]
+    comm._forget_plans()
+    comm.allreduce_rmsnorm(x, residual, weight, eps=1.0, out=out)
+    assert len(Sequence.made) == 5 and as_float.runs == [(0, 5, 0), (0, 7, 0)]
+
+
 def test_split_replays_both_kernels_numbering_only_the_first(monkeypatch):
     """Split's plan: per chunk the spinning kernel with its call-number slot,
     then add_rmsnorm packed as it is (no slot, no call number, no entry in

@@ -8,8 +8,10 @@ into a ``LaunchSequence`` with the arguments packed once.  A later call with
 the same signature -- the same input and output memory (address, shape,
 dtype, device, read-only), algorithm and stream -- finds the plan by that key
 and queues it: what the checks looked at is in the key, so they would pass
-again.  Only the call numbers (patched per call) and a fresh output's address
-change between replays.
+again.  A call equal to the last one found, part by part (the same array
+objects, stream and scalar values of the same types), takes its plan without
+building a key.  Only the call numbers (patched per call) and a fresh
+output's address change between replays.
 
 A signature is not replayed, but checked and planned again, when anything
 else the checks depend on may have changed: the communicator is closed,
@@ -39,6 +41,7 @@ from pyar.array.foreign import ForeignViews
 PLAN_LIMIT = 4096  # signatures remembered before the cache starts over
 _POINTER_KINDS = ("ptr", "pointer")
 _OWNERS = (DeviceMemory, PoolMemory, IpcMapping)
+_CHEAP_SCALARS = frozenset((str, int, float))
 # Plan keys name dtypes by id; the dtypes of every plan stay alive here, so
 # an id is never another dtype's (a handful of objects, most immortal anyway).
 _KEYED_DTYPES = set()
@@ -71,6 +74,23 @@ cdef tuple typed(tuple scalars):
     return tuple([(type(v), v) for v in scalars])
 
 
+cdef bint same_scalars(tuple given, tuple last):
+    """Whether two calls' scalar arguments would give equal ``typed`` keys,
+    as far as telling costs no more than a comparison: each pair is one
+    object, or equal values of one type among str, int and float."""
+    cdef Py_ssize_t i
+    if len(given) != len(last):
+        return False
+    for i in range(len(given)):
+        a = given[i]
+        b = last[i]
+        if a is b:
+            continue
+        if type(a) is not type(b) or type(a) not in _CHEAP_SCALARS or not a == b:
+            return False
+    return True
+
+
 cdef inline object stream_key(stream):
     """The handle of ``stream`` when it can be read without converting it, else None."""
     if stream is None:
@@ -97,6 +117,9 @@ cdef class EagerCalls:
     cdef readonly dict _plans
     cdef dict _by_identity  # (kind, stream, rest, ids) -> (array refs, plan, key)
     cdef readonly object _foreign
+    # The last call found through _by_identity, compared field by field
+    # before any key is built: a loop repeats one call.
+    cdef tuple _last  # (kind, handle, scalars as given, array refs, plan, key), or None
 
     def __cinit__(self, *args, **kwargs):
         self._plans = {}
@@ -110,6 +133,7 @@ cdef class EagerCalls:
         self._plans.clear()
         self._by_identity.clear()
         self._foreign.clear()
+        self._last = None
 
     cdef inline bint _replayable(self):
         if self._closed or self._failure is not None or self.debug:
@@ -186,14 +210,20 @@ cdef class EagerCalls:
     cdef tuple _lookup(self, str kind, tuple arrays, tuple rest, stream):
         """(plan, key, stream handle) of a call planned before, else None.
 
-        Found first by the identity of the pyar arrays of a call seen before:
-        a DeviceArray's memory, shape, dtype and device never change, so
-        only its memory's being freed must be checked again; else by the
-        arrays' descriptions (``_describe``)."""
+        Found first as the last call found, part by part; then by the
+        identity of the pyar arrays of a call seen before: a DeviceArray's
+        memory, shape, dtype and device never change, so only its memory's
+        being freed must be checked again; else by the arrays' descriptions
+        (``_describe``)."""
         cdef list ids
         h = self._replay_handle(stream)
         if h is None:
             return None
+        last = self._last
+        if (last is not None and kind == last[0] and h == last[1]
+                and same_scalars(rest, last[2]) and self._same_arrays(last[3], arrays)):
+            return last[4], last[5], h
+        given = rest
         rest = typed(rest)
         if rest is None:
             return None
@@ -203,6 +233,7 @@ cdef class EagerCalls:
         identity = tuple(ids)
         seen = self._by_identity.get(identity)
         if seen is not None and self._same_arrays(seen[0], arrays):
+            self._last = (kind, h, given, *seen)
             return seen[1], seen[2], h
         key = self._key(kind, arrays, rest, h)
         if key is None:
@@ -217,7 +248,9 @@ cdef class EagerCalls:
             refs.append(None if a is None else weakref.ref(a))
         if len(self._by_identity) >= PLAN_LIMIT:
             self._by_identity.clear()
-        self._by_identity[identity] = (tuple(refs), plan, key)
+        seen = (tuple(refs), plan, key)
+        self._by_identity[identity] = seen
+        self._last = (kind, h, given, *seen)
         return plan, key, h
 
     cdef bint _same_arrays(self, tuple refs, tuple arrays):
