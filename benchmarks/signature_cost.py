@@ -4,19 +4,20 @@ piece: the shipped all-reduce kernel against the same kernel built from a
 commit before the signature existed, from the commit before the start
 barrier read the state once a call, from the commit before only a
 disagreement stored the full signature, from the commit before a flag equal
-to the rank's own passed unjudged, and from today's sources without one
-piece each (pyar_protocol.h's test macros); all launched in one run,
-replayed from graphs and timed alternately.
+to the rank's own passed unjudged, from the commit before the kernels'
+bounds let all peer loads of a pack go out at once, and from today's
+sources without one piece each (pyar_protocol.h's test macros); all
+launched in one run, replayed from graphs and timed alternately.
 
 Every kernel built from today's sources, and the older ones of
-PREVIOUS_COMMIT (the same Signal layout; no input to stage), STORED_COMMIT
-and JUDGED_COMMIT, runs on one communicator.  The kernel of BASELINE_COMMIT
-runs on a communicator of its own, whose Signal area is zeroed after its one
-staging call: its Signal layout (32-bit flags, then epochs) is not today's
-(64-bit flags, the start flag carrying the call's digest), while CommState,
-the input table and the error record's first words are unchanged.  Both
-communicators stage the same input; every kernel writes an output of its
-own, checked after the run.
+PREVIOUS_COMMIT (the same Signal layout; no input to stage), STORED_COMMIT,
+JUDGED_COMMIT and BOUNDED_COMMIT, runs on one communicator.  The kernel of
+BASELINE_COMMIT runs on a communicator of its own, whose Signal area is
+zeroed after its one staging call: its Signal layout (32-bit flags, then
+epochs) is not today's (64-bit flags, the start flag carrying the call's
+digest), while CommState, the input table and the error record's first words
+are unchanged.  Both communicators stage the same input; every kernel writes
+an output of its own, checked after the run.
 
     # here (needs nvcc and git): every kernel below into DIR/<row>/allreduce.fatbin
     python benchmarks/signature_cost.py --build-baseline DIR [--arch sm_90]
@@ -42,6 +43,7 @@ BASELINE_COMMIT = "8979203"  # main before the signature
 PREVIOUS_COMMIT = "c766338"  # the start barrier before it read the state once a call
 STORED_COMMIT = "04a5638"    # before only a disagreement stored the full signature
 JUDGED_COMMIT = "9cf71ec"    # before begin hashed the digest and an equal flag passed unjudged
+BOUNDED_COMMIT = "26fee32"   # before two blocks' registers let a pack's peer loads go at once
 GRAPH_SIZE = 20
 SHIPPED = "shipped"
 # The rows: folder under DIR -> (commit, or None for this tree; test-only defines).
@@ -50,6 +52,7 @@ KERNELS = {
     PREVIOUS_COMMIT: (PREVIOUS_COMMIT, ()),
     STORED_COMMIT: (STORED_COMMIT, ()),
     JUDGED_COMMIT: (JUDGED_COMMIT, ()),
+    BOUNDED_COMMIT: (BOUNDED_COMMIT, ()),
     SHIPPED: (None, ()),
     "no-signature": (None, ("PYAR_TEST_NO_SIGNATURE=1",)),
     "no-idle-fill": (None, ("PYAR_TEST_NO_IDLE_FILL=1",)),
@@ -128,11 +131,11 @@ def measure(options):
 
     def launcher(name):
         # The oldest kernel: its own communicator, no signature parameter; the
-        # rows of today's source, STORED_COMMIT and JUDGED_COMMIT also take
-        # the input to stage (0: all read the scratch as the first calls
+        # rows of today's source and of the commits since STORED_COMMIT also
+        # take the input to stage (0: all read the scratch as the first calls
         # staged it).
         oldest = name == BASELINE_COMMIT
-        stages = KERNELS[name][0] in (None, STORED_COMMIT, JUDGED_COMMIT)
+        stages = KERNELS[name][0] not in (BASELINE_COMMIT, PREVIOUS_COMMIT)
         on = old_comm if oldest else comm
         kernel = modules[name].get_function(
             entry, ("ptr", "uint64", *(("ptr",) if stages else ()), "ptr", "ptr", "uint64",
@@ -178,7 +181,8 @@ def measure(options):
                 json.dump({"rows": rows, "baseline_commit": BASELINE_COMMIT,
                            "previous_commit": PREVIOUS_COMMIT,
                            "stored_commit": STORED_COMMIT,
-                           "judged_commit": JUDGED_COMMIT}, f, indent=1)
+                           "judged_commit": JUDGED_COMMIT,
+                           "bounded_commit": BOUNDED_COMMIT}, f, indent=1)
     for graph in graphs.values():
         graph.close()
     old_comm.close()

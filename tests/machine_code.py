@@ -334,6 +334,56 @@ def loads_before_acquire(code):
     return found
 
 
+_REGISTER = re.compile(r"(?<![A-Z])R(\d+)(\.64)?")
+
+
+def _registers(operand, width=1):
+    return [r for match in _REGISTER.finditer(operand)
+            for r in range(int(match[1]), int(match[1]) + (2 if match[2] else width))]
+
+
+def _destination_width(mnemonic):
+    if ".128" in mnemonic:
+        return 4
+    if ".64" in mnemonic or ".WIDE" in mnemonic or mnemonic.startswith("CS2R"):
+        return 2
+    return 1
+
+
+def is_peer_load(instruction):
+    """A 128-bit load of a peer's data (``ld.global.cg``: ``.STRONG.GPU``)."""
+    return instruction.mnemonic.startswith("LDG.E.128.STRONG.GPU")
+
+
+def peer_load_waves(code):
+    """(round trips, loads): how many round trips to memory, one after
+    another, the peer loads of the kernel's first data loop take, and how
+    many peer loads that loop issues before its first 128-bit store (a
+    branch, barrier or exit ends it sooner).  SASS issues in order: an
+    instruction that reads or overwrites a register a load has not filled
+    yet waits for that load, and a load issued after the wait starts a later
+    round trip.  Waits forced by the hardware's scoreboards are not in
+    cuobjdump's listing, so the count is a lower bound.  Not a rule of the
+    ordering, a check of the kernels' speed (allreduce.cu,
+    PYAR_ALLREDUCE_BOUNDS)."""
+    start = next(i for i, instruction in enumerate(code) if is_peer_load(instruction))
+    filled, wave, loads = {}, 0, 0
+    for instruction in code[start:]:
+        if instruction.mnemonic.startswith(("BRA", "BAR", "EXIT")):
+            break
+        operands = instruction.operands.split(",")
+        written = operands[0] if "[" not in operands[0] else ""
+        touched = _registers(written, _destination_width(instruction.mnemonic)) + [
+            r for operand in operands[1 if written else 0:] for r in _registers(operand)]
+        wave = max([wave] + [filled.get(r, 0) for r in touched])
+        if is_peer_load(instruction):
+            loads += 1
+            filled.update((r, wave + 1) for r in _registers(written, 4))
+        if instruction.mnemonic.startswith(("STG.E.128", "ST.E.128")):
+            break
+    return max(filled.values()), loads
+
+
 # ---------------------------------------------------------------------------
 # Whole code objects
 

@@ -320,6 +320,26 @@ def test_no_cuda_barrier_loads_between_its_release_and_acquire(cuda_fatbins):
 
 
 @needs_cuobjdump
+def test_one_shot_peer_loads_go_out_in_one_wave(cuda_fatbins):
+    """Speed, not ordering: every one-shot kernel on sm_90 issues the W peer loads
+    of a pack before it waits for any (allreduce.cu, PYAR_ALLREDUCE_BOUNDS: the
+    schedule nvcc 13's ptxas chose under the one-argument bound took up to five
+    round trips at 8 ranks); and the count sees a round trip more when an
+    instruction uses a load's register before the next load."""
+    code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce.fatbin"], "sm_90")
+    waves = {kernel: mc.peer_load_waves(sass) for kernel, sass in code.items()
+             if kernel.startswith("pyar_allreduce_one_shot")}
+    assert len(waves) == 21
+    assert all(found == (1, int(kernel.rsplit("_w", 1)[1])) for kernel, found in waves.items()), \
+        waves
+    sass = code["pyar_allreduce_one_shot_f32_w8"]
+    first = next(i for i, instruction in enumerate(sass) if mc.is_peer_load(instruction))
+    loaded = sass[first].operands.split(",")[0]
+    use = mc.Instruction(sass[first].address, "FADD", f"R0, {loaded}, RZ")
+    assert mc.peer_load_waves(sass[:first + 1] + [use] + sass[first + 1:]) == (2, 8)
+
+
+@needs_cuobjdump
 def test_signature_cost_builds_leave_out_their_piece(tmp_path_factory):
     """benchmarks/signature_cost.py prices the start barrier's pieces by builds of this
     tree without one each: every such build differs from the shipped kernel, and the one

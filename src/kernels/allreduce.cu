@@ -148,8 +148,27 @@ extern "C" __device__ const uint64_t pyar_allreduce_layout[6] = {
     sizeof(pyar::Signal), pyar::kMaxBlocks, pyar::kMaxRanks, sizeof(pyar::CommState),
     pyar::kThreads, offsetof(pyar::Signal, some_block_failed)};
 
+// ptxas schedules the W peer loads of a pack by its register budget.  Under
+// the one-argument bound (up to 128 registers) nvcc 13 kept the kernels small
+// (32-58 registers on sm_90) and reused the registers of loads still in
+// flight: at 8 ranks the loads of one-shot f32 went out in 5 round trips one
+// after another, of two-shot in 4-6 (tests/machine_code.py, peer_load_waves).
+// A 9cf71ec build with 3 round trips there was 0.07-0.23 us faster a 1 KiB
+// call on the H200 (its start barrier differs too).  A minimum of two
+// resident blocks caps the kernels at 64 registers and ptxas then uses
+// them: every one-shot kernel issues its loads in one round trip, two-shot
+// in at most two.  The 2- and 3-rank kernels drop from 3-4 resident blocks
+// to 2, which leaves Communicator._block_cap's caps as they were (one
+// block a multiprocessor over the ranks sharing a GPU binds first, and a
+// rank alone takes at most one a multiprocessor).  HIP reads a second
+// argument as waves per execution unit; the host build takes no bounds.
+#if defined(PYAR_HOST_BUILD) || PYAR_AMD
+#define PYAR_ALLREDUCE_BOUNDS __launch_bounds__(pyar::kThreads)
+#else
+#define PYAR_ALLREDUCE_BOUNDS __launch_bounds__(pyar::kThreads, 2)
+#endif
 #define PYAR_ALLREDUCE_ENTRY(algo, name, T, W)                                              \
-  extern "C" __global__ void __launch_bounds__(pyar::kThreads)                              \
+  extern "C" __global__ void PYAR_ALLREDUCE_BOUNDS                                          \
       pyar_allreduce_##algo##_##name##_w##W(                                                \
           const pyar::InputTable *in, uint64_t in_offset, const pyar::Pack16 *stage_from,   \
           pyar::Pack16 *out, const pyar::CommState *state, uint64_t n, uint64_t timeout_ns, \
