@@ -366,6 +366,21 @@ def test_a_foreign_array_takes_the_replay(comm, fake_cupy, monkeypatch):
     assert comm.prepared == 2
 
 
+def test_a_foreign_array_moved_under_the_last_call_is_checked(comm, fake_cupy, monkeypatch):
+    """The last call's foreign arrays are described again on every call: one
+    whose memory moved (as PyTorch's ``set_`` can) takes the checks, and
+    its new signature is replayed from then on."""
+    monkeypatch.setattr(communicator, "asarray", view_of)
+    x, y = FakeCupyArray(X), FakeCupyArray(Y)
+    comm.allreduce(x, out=y)
+    comm.allreduce(x, out=y)  # the last call now
+    y.data = types.SimpleNamespace(ptr=Y + 0x10000)
+    assert comm.allreduce(x, out=y).ptr == Y + 0x10000
+    assert comm.prepared == 2 and Sequence.made[0].runs == [(0, 1, 0)]
+    comm.allreduce(x, out=y)
+    assert comm.prepared == 2 and Sequence.made[1].runs == [(0, 3, 0)]
+
+
 # --- allreduce_rmsnorm --------------------------------------------------------------
 
 def _fused_call(monkeypatch):

@@ -9,9 +9,10 @@ the same signature -- the same input and output memory (address, shape,
 dtype, device, read-only), algorithm and stream -- finds the plan by that key
 and queues it: what the checks looked at is in the key, so they would pass
 again.  A call equal to the last one found, part by part (the same array
-objects, stream and scalar values of the same types), takes its plan without
-building a key.  Only the call numbers (patched per call) and a fresh
-output's address change between replays.
+objects, a foreign one still described as before; the same stream and scalar
+values of the same types), takes its plan without building a key.  Only the
+call numbers (patched per call) and a fresh output's address change between
+replays.
 
 A signature is not replayed, but checked and planned again, when anything
 else the checks depend on may have changed: the communicator is closed,
@@ -221,7 +222,7 @@ cdef class EagerCalls:
             return None
         last = self._last
         if (last is not None and kind == last[0] and h == last[1]
-                and same_scalars(rest, last[2]) and self._same_arrays(last[3], arrays)):
+                and same_scalars(rest, last[2]) and self._same_arrays(last[3], arrays, h)):
             return last[4], last[5], h
         given = rest
         rest = typed(rest)
@@ -232,7 +233,7 @@ cdef class EagerCalls:
             ids.append(id(a))
         identity = tuple(ids)
         seen = self._by_identity.get(identity)
-        if seen is not None and self._same_arrays(seen[0], arrays):
+        if seen is not None and self._same_arrays(seen[0], arrays, h):
             self._last = (kind, h, given, *seen)
             return seen[1], seen[2], h
         key = self._key(kind, arrays, rest, h)
@@ -242,24 +243,34 @@ cdef class EagerCalls:
         if plan is None:
             return None
         refs = []
-        for a in arrays:
-            if a is not None and type(a) is not DeviceArray:
-                return plan, key, h  # foreign arrays are probed every call
-            refs.append(None if a is None else weakref.ref(a))
-        if len(self._by_identity) >= PLAN_LIMIT:
-            self._by_identity.clear()
+        foreign = False
+        for i, a in enumerate(arrays):
+            if a is None or type(a) is DeviceArray:
+                refs.append(None if a is None else weakref.ref(a))
+            else:  # described again on every call: it may have moved
+                foreign = True
+                refs.append((weakref.ref(a), key[2 + i]))
         seen = (tuple(refs), plan, key)
-        self._by_identity[identity] = seen
+        if not foreign:
+            if len(self._by_identity) >= PLAN_LIMIT:
+                self._by_identity.clear()
+            self._by_identity[identity] = seen
         self._last = (kind, h, given, *seen)
         return plan, key, h
 
-    cdef bint _same_arrays(self, tuple refs, tuple arrays):
+    cdef bint _same_arrays(self, tuple refs, tuple arrays, uintptr_t handle):
+        """Whether ``arrays`` are the objects ``refs`` name: a pyar array's
+        memory not freed, a foreign array described as before (its library
+        may have moved it, and its current stream must be the call's)."""
         cdef Py_ssize_t i
         for i in range(len(arrays)):
             a = arrays[i]
             ref = refs[i]
             if a is None:
                 if ref is not None:
+                    return False
+            elif type(ref) is tuple:
+                if ref[0]() is not a or self._describe(a, handle) != ref[1]:
                     return False
             elif ref is None or ref() is not a or not self._unfreed(a):
                 return False
