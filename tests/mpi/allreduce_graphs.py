@@ -2,7 +2,7 @@
 
 replay [PATH]   A graph of K steps [producer copies a fresh input into the one
                 input slot x][on some ranks a delay][all-reduce x -> y_k]
-                [consumer overwrites x with NaN] -- the next step reuses the
+                [consumer overwrites x with NaN, its end first] -- the next step reuses the
                 slot, exactly where the seeds' bug struck -- replayed REPLAYS
                 times with random per-rank delays before each replay and, on
                 random ranks, spin kernels on a second stream that take SMs
@@ -41,9 +41,11 @@ SLOT_BYTES = 256 << 10
 CONTROL_SLOT_BYTES = 8 << 20
 # At 2 ranks sharing a GPU each rank has one block a multiprocessor, so both read at one
 # pace: no wrong sum in 25008 calls with 8 MiB on the H200.  A longer read lets a noise
-# kernel beside one rank's blocks put it further behind its peer.
+# kernel beside one rank's blocks put it further behind its peer (still none in 1992
+# calls while the consumer overwrote x from its start).
 CONTROL_SLOT_BYTES_2_RANKS = 64 << 20
 TAIL_BYTES = 12        # not a whole 16-byte pack; a multiple of 4 for fill_u32
+CONSUMER_END_BYTES = 2 << 20  # more than one pass of the largest grid (132 x 512 x 16 B)
 CONTROL_SECONDS = 90
 STEP_DELAY_US = 100    # captured per (rank, step) with probability 1/2
 NOISE = {False: (0.3, 200, 1), True: (0.8, 500, 16)}  # control? -> (p, us, blocks per SM)
@@ -68,6 +70,11 @@ def slot_graph(sc, comm, kernels, stream, dtype, algo, key, slot_bytes):
             if delays.random() < 0.5:
                 kernels.spin(delays.uniform(0, STEP_DELAY_US), stream)
             comm.allreduce(x, out=outs[k], algo=algo, stream=stream)
+            # A peer's blocks stride over x and read its end last, so the end is
+            # overwritten first: a peer lagging this rank by the gap between two graph
+            # nodes is caught, not only one lagging by the time to fill the slot.
+            end = min(nbytes, CONSUMER_END_BYTES)
+            kernels.fill_u32(x.ptr + nbytes - end, NAN_WORD, end // 4, stream)
             kernels.fill_u32(x.ptr, NAN_WORD, nbytes // 4, stream)
     return graph, patterns, expected, sources, outs, x
 
