@@ -31,8 +31,9 @@ def test_graph_replay_with_reused_input_slot(world):
 def test_graph_positive_control(world, kernels_without_exit_barrier):
     """The same graph with one-shot kernels built without the exit barrier
     must produce wrong results: the graph test sees the seeds' bug.  The
-    control reads a 1 MiB slot under heavier competing spin kernels and
-    replays until it sees a wrong result or 90 s have passed."""
+    control reads a larger slot under competing spin kernels (their size and
+    weight per world size in tests/mpi/allreduce_graphs.py) and replays until
+    it sees a wrong result or 90 s have passed."""
     rows = rows_of(scenario("allreduce_graphs", world, "replay", kernels_without_exit_barrier,
                             timeout=300), "graph-control")
     assert rows[0]["mismatches"] > 0, rows

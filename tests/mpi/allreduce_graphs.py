@@ -35,20 +35,19 @@ K = 8                  # all-reduces per graph, all through one input slot
 REPLAYS = 125          # K * REPLAYS = 1000 calls per configuration
 PATTERNS = 4
 SLOT_BYTES = 256 << 10
-# The control's slot: a longer read window to be caught in.  With 1 MiB a block of a
-# 2-rank grid reads about one pack per thread, and the H200 saw no wrong sum in 144480
-# calls at 2 ranks (one in 3168-8568 calls in earlier sessions).
-CONTROL_SLOT_BYTES = 8 << 20
-# At 2 ranks sharing a GPU each rank has one block a multiprocessor, so both read at one
-# pace: no wrong sum in 25008 calls with 8 MiB on the H200.  A longer read lets a noise
-# kernel beside one rank's blocks put it further behind its peer (still none in 1992
-# calls while the consumer overwrote x from its start).
-CONTROL_SLOT_BYTES_2_RANKS = 64 << 20
+# The control's (slot bytes, noise) by world size; noise is (p, us, blocks per SM) of
+# the spin kernels.  At 4 and 8 ranks an 8 MiB slot and heavy noise find a wrong sum in
+# 8-1432 calls on the H200.  At 2 ranks sharing a GPU each rank has one block a
+# multiprocessor and both read at one pace: with the heavy noise no wrong sum in 144480
+# calls (1 MiB), 25008 (8 MiB) or 1992 (64 MiB); with one noise block a multiprocessor,
+# 1 MiB and the end of the slot overwritten first, one in 73360 calls (37 s).
+CONTROL = {2: (1 << 20, (0.8, 200, 1))}
+CONTROL_OTHER_WORLDS = (8 << 20, (0.8, 500, 16))
+NOISE = (0.3, 200, 1)  # the test's
 TAIL_BYTES = 12        # not a whole 16-byte pack; a multiple of 4 for fill_u32
 CONSUMER_END_BYTES = 2 << 20  # more than one pass of the largest grid (132 x 512 x 16 B)
 CONTROL_SECONDS = 90
 STEP_DELAY_US = 100    # captured per (rank, step) with probability 1/2
-NOISE = {False: (0.3, 200, 1), True: (0.8, 500, 16)}  # control? -> (p, us, blocks per SM)
 
 
 def slot_graph(sc, comm, kernels, stream, dtype, algo, key, slot_bytes):
@@ -82,11 +81,11 @@ def slot_graph(sc, comm, kernels, stream, dtype, algo, key, slot_bytes):
 def replay_config(sc, comm, kernels, streams, dtype, algo, key, deadline=None):
     control = deadline is not None
     stream, noise_stream = streams
+    slot_bytes, noise = (CONTROL.get(sc.world, CONTROL_OTHER_WORLDS) if control
+                         else (SLOT_BYTES, NOISE))
     graph, patterns, expected, sources, outs, x = slot_graph(
-        sc, comm, kernels, stream, dtype, algo, key,
-        SLOT_BYTES if not control else
-        CONTROL_SLOT_BYTES_2_RANKS if sc.world == 2 else CONTROL_SLOT_BYTES)
-    noise_p, noise_us, noise_per_sm = NOISE[control]
+        sc, comm, kernels, stream, dtype, algo, key, slot_bytes)
+    noise_p, noise_us, noise_per_sm = noise
     sms = pyar.Device(comm.device).multiprocessor_count
     shared = rng(*key, 7)             # same on every rank: which pattern each step gets
     local = rng(*key, 11, sc.rank)    # this rank's delays
