@@ -221,9 +221,14 @@ def test_closed_or_failed_communicators_are_not_replayed(comm):
     with pytest.raises(pyar.CollectiveTimeout):
         comm.allreduce(x, out=y)
     comm._failure = None
+    comm._node.failure = pyar.CollectiveTimeout("register (host-side exchange)", [1], 0, 1.0)
+    with pytest.raises(pyar.CollectiveTimeout, match="host-side"):
+        comm.allreduce(x, out=y)
+    comm._node.failure = None
     comm._closed = True
     with pytest.raises(ValueError, match="closed"):
         comm.allreduce(x, out=y)
+    assert Sequence.made[0].runs == []
 
 
 def test_a_timeout_record_sends_the_call_to_the_checks(comm):
@@ -379,6 +384,41 @@ def test_a_foreign_array_moved_under_the_last_call_is_checked(comm, fake_cupy, m
     assert comm.prepared == 2 and Sequence.made[0].runs == [(0, 1, 0)]
     comm.allreduce(x, out=y)
     assert comm.prepared == 2 and Sequence.made[1].runs == [(0, 3, 0)]
+
+
+def test_the_last_call_asks_the_current_stream_once_and_probes_each_array(
+        comm, fake_cupy, monkeypatch):
+    """A call equal to the last one asks the library's current stream once for
+    its two CuPy arrays and probes each; a probe that raises sends the call to
+    the checks."""
+    monkeypatch.setattr(communicator, "asarray", view_of)
+    asked = []
+    module = sys.modules["cupy"]
+    ask = module.cuda.get_current_stream
+    monkeypatch.setattr(module.cuda, "get_current_stream", lambda: asked.append(1) or ask())
+    x, y = FakeCupyArray(X), FakeCupyArray(Y)
+    comm.allreduce(x, out=y)
+    comm.allreduce(x, out=y)  # the last call now
+    asked.clear()
+    comm.allreduce(x, out=y)
+    assert len(asked) == 1 and comm.prepared == 1
+    x.shape = (500, 2)  # CuPy lets a shape be reassigned: the first array is probed too
+    with pytest.raises(ValueError, match=r"expected \(500, 2\)"):
+        comm.allreduce(x, out=y)
+    x.shape = (1000,)
+    comm.allreduce(x, out=y)  # planned before: found by its key
+    assert comm.prepared == 2
+
+    def checked(obj):
+        if not hasattr(obj.data, "ptr"):
+            raise TypeError("reported by the checks")
+        return view_of(obj)
+
+    monkeypatch.setattr(communicator, "asarray", checked)
+    y.data = types.SimpleNamespace()  # the probe raises: the checks report it
+    with pytest.raises(TypeError, match="reported by the checks"):
+        comm.allreduce(x, out=y)
+    assert Sequence.made[0].runs == [(0, 1, 0), (0, 2, 0), (0, 3, 0)]
 
 
 # --- allreduce_rmsnorm --------------------------------------------------------------

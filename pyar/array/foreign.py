@@ -77,5 +77,12 @@ class ForeignViews:
             return None
         return entry[3:]
 
+    def mark(self, obj):
+        """What a comparison with the last call re-reads of ``obj``, an object
+        ``lookup`` has just found: (weak reference, probe, what the probe
+        found, current-stream reader, device)."""
+        entry = self._seen[id(obj)]
+        return entry[0], entry[1][0], entry[2], entry[1][1], entry[6]
+
     def clear(self):
         self._seen.clear()

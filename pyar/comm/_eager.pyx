@@ -107,6 +107,7 @@ cdef class EagerCalls:
     """State the hot path reads at C level; Communicator derives from it."""
     cdef public bint _closed
     cdef public object _failure
+    cdef public object _node  # the node's bounded host exchange; its failure ends replays
     cdef public bint debug
     cdef public int world
     cdef public unsigned long long _calls
@@ -137,7 +138,8 @@ cdef class EagerCalls:
         self._last = None
 
     cdef inline bint _replayable(self):
-        if self._closed or self._failure is not None or self.debug:
+        if (self._closed or self._failure is not None or self.debug
+                or self._node.failure is not None):
             return False
         return self._error_ptr == 0 or (<uint32_t*>self._error_ptr)[0] == 0
 
@@ -244,12 +246,12 @@ cdef class EagerCalls:
             return None
         refs = []
         foreign = False
-        for i, a in enumerate(arrays):
+        for a in arrays:
             if a is None or type(a) is DeviceArray:
                 refs.append(None if a is None else weakref.ref(a))
-            else:  # described again on every call: it may have moved
+            else:  # probed again on every call: it may have moved
                 foreign = True
-                refs.append((weakref.ref(a), key[2 + i]))
+                refs.append(self._foreign.mark(a))
         seen = (tuple(refs), plan, key)
         if not foreign:
             if len(self._by_identity) >= PLAN_LIMIT:
@@ -260,17 +262,27 @@ cdef class EagerCalls:
 
     cdef bint _same_arrays(self, tuple refs, tuple arrays, uintptr_t handle):
         """Whether ``arrays`` are the objects ``refs`` name: a pyar array's
-        memory not freed, a foreign array described as before (its library
-        may have moved it, and its current stream must be the call's)."""
+        memory not freed, a foreign array probed as before (its library may
+        have moved it) and its library's current stream the call's, asked
+        once a call for each library and device (an empty array may live on
+        another device than the call's)."""
         cdef Py_ssize_t i
+        asked = asked_device = None
         for i in range(len(arrays)):
             a = arrays[i]
             ref = refs[i]
             if a is None:
                 if ref is not None:
                     return False
-            elif type(ref) is tuple:
-                if ref[0]() is not a or self._describe(a, handle) != ref[1]:
+            elif type(ref) is tuple:  # ForeignViews.mark
+                try:
+                    if ref[0]() is not a or ref[1](a) != ref[2]:
+                        return False
+                    if ref[3] is not asked or ref[4] != asked_device:
+                        if ref[3](a) != handle:
+                            return False
+                        asked, asked_device = ref[3], ref[4]
+                except Exception:  # noqa: BLE001 - the checked path reports what is wrong
                     return False
             elif ref is None or ref() is not a or not self._unfreed(a):
                 return False
