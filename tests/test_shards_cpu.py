@@ -14,6 +14,7 @@ on the host shows as a wrong sum here, before any GPU runs it.
 import contextlib
 import os
 import re
+import sys
 import types
 
 import ml_dtypes
@@ -362,6 +363,46 @@ def test_a_repeated_call_replays_its_plan(monkeypatch):
     comm.all_gather(shard, gathered)
     comm.all_gather(shard, n=None, out=gathered)
     assert len(comm._plans) == 2
+
+
+class FakeTorchTensor:
+    """What pyar's probe and current-stream reader read of a PyTorch tensor."""
+    __module__ = "torch"
+
+    def __init__(self, ptr, count, dtype, device):
+        self.ptr, self.shape, self.dtype, self.device = ptr, (count,), dtype, device
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return (1,)
+
+
+def test_a_replay_asks_the_current_stream_of_each_device(monkeypatch):
+    """An empty shard may live on another device than the communicator's.  A
+    replayed all_gather asks PyTorch's current stream of every device its
+    tensors are on: once the output's device has another current stream, the
+    call goes to the checks (which order that stream's work before the kernel)."""
+    streams = {0: 0, 1: 0}
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        current_stream=lambda device: types.SimpleNamespace(cuda_stream=streams[device])))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(communicator, "asarray", lambda t: pyar.DeviceArray.from_pointer(
+        t.ptr, t.shape, t.dtype, owner=t, device=t.device))
+    model = Model(4, 1 << 16, monkeypatch)
+    comm = model.current = model.ranks[3]
+    n = 8  # one float16 pack, all on rank 0: rank 3's shard is empty
+    x = FakeTorchTensor(comm.region + X_AT, 0, F16, device=1)
+    out = FakeTorchTensor(comm.region + OUT_AT, n, F16, device=0)
+    for _ in range(3):  # checked, replayed by its key, replayed as the last call
+        comm.all_gather(x, out)
+    checked = len(comm.events)
+    comm.all_gather(x, out)
+    assert len(comm.events) == checked  # replayed
+    streams[0] = 0x77
+    comm.all_gather(x, out)
+    assert len(comm.events) > checked  # checked
 
 
 def test_all_gather_launch_arguments(monkeypatch):
