@@ -23,7 +23,7 @@ pytest.importorskip("mpi4py")
 import pyar  # noqa: E402
 from pyar import _hip  # noqa: E402
 from pyar.array import foreign  # noqa: E402
-from pyar.comm import _eager, communicator, layout  # noqa: E402
+from pyar.comm import _eager, algorithms, communicator, layout  # noqa: E402
 
 F16 = np.dtype(np.float16)
 
@@ -482,6 +482,31 @@ def test_the_last_call_is_replayed_only_while_every_part_is_the_same(monkeypatch
     comm._forget_plans()
     comm.allreduce_rmsnorm(x, residual, weight, eps=1.0, out=out)
     assert len(Sequence.made) == 5 and as_float.runs == [(0, 5, 0), (0, 7, 0)]
+
+
+def test_unfused_replays_the_allreduce_and_the_row_kernel(monkeypatch):
+    """algo="unfused" (what "auto" runs past the fused crossover) is planned
+    like the fused variants: the all-reduce kernel with its call-number slot,
+    then add_rmsnorm as it is; a replay takes one call number and allocates
+    nothing."""
+    comm, x, residual, weight, out = _fused_call(monkeypatch)
+    comm._module = comm._row_kernels.module
+    comm._max_blocks = 16
+    first = comm.allreduce_rmsnorm(x, residual, weight, out=out, algo="unfused")
+    again = comm.allreduce_rmsnorm(x, residual, weight, out=out, algo="unfused")
+    assert first == again == (out, residual, None, None)
+    (plan,) = Sequence.made
+    functions = comm._row_kernels.module.functions
+    algo = algorithms.choose(x.nbytes, 2)
+    allreduce = functions[f"pyar_allreduce_{algo.replace('shot', '_shot')}_bf16_w2"]
+    add_rmsnorm = functions["pyar_add_rmsnorm_bf16_plain_p1"]
+    (a_grid, a_block, a_args, _), = allreduce.launches  # the checked call only
+    (b_grid, b_block, b_args, _), = add_rmsnorm.launches
+    assert (a_args[2], a_args[3]) == (x.ptr, out.ptr)  # staged by the kernel, summed into out
+    assert b_args[0] == out.ptr  # normed in place over the sums
+    assert plan.steps == [("kernel", allreduce, a_grid, a_block, (*a_args[:-1], 0), 8, {}),
+                          ("kernel", add_rmsnorm, b_grid, b_block, b_args, None, {})]
+    assert plan.runs == [(0, 1, 0)] and comm._calls == 2
 
 
 def test_split_replays_both_kernels_numbering_only_the_first(monkeypatch):

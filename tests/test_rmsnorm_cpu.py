@@ -871,47 +871,51 @@ def test_prepare_rmsnorm_picks_the_large_path_past_the_crossover(dev, monkeypatc
 
 @pytest.mark.parametrize("with_out", [True, False])
 def test_unfused_runs_the_allreduce_then_the_local_row_kernel(dev, monkeypatch, with_out):
-    """Past the crossover: pyar's all-reduce into out (or a new array when
-    only quantized output is wanted), then add + RMSNorm + quantization on
-    that sum with the call's own outputs; no fused kernel."""
+    """Past the crossover: pyar's all-reduce into out (or the communicator's
+    sum array when only quantized output is wanted), then add + RMSNorm +
+    quantization on that sum with the call's own outputs; no fused kernel.
+    The steps are returned, so that the call is planned and replayed."""
     comm = _comm(4)
-    comm._local_blocks = lambda: 264
     tokens, hidden = 6, 4096
     q, s = _quant_outputs(dev, "mxfp4", tokens, hidden)
     call = _call(dev, tokens=tokens, hidden=hidden, quant="mxfp4", quantized=q, scales=s,
                  out="new" if with_out else None)
-    reduced = []
-    allocated = []
+    reduced, allocated, forgotten = [], [], []
 
     def empty(shape, dtype, stream=None):
         allocated.append(dev(shape, dtype))
         return allocated[-1]
 
+    def allreduce_steps(x, out, algo, registered):
+        reduced.append((x, out, algo, registered))
+        yield ("copy", out.ptr, x.ptr, 16)  # stands for the all-reduce's steps
+
     monkeypatch.setattr(communicator, "empty", empty)
-
-    def allreduce(x, out=None, algo="auto", stream=None):
-        reduced.append((x, out, stream))
-        return out
-
-    comm.allreduce = allreduce
+    monkeypatch.setattr(comm, "_allreduce_steps", allreduce_steps)
+    monkeypatch.setattr(comm, "_forget_plans", lambda: forgotten.append(1))
+    monkeypatch.setattr(communicator._hip, "memcpy_dtod", lambda *args: None)
     comm._unfused_sums = None
-    comm.device = 0
-    comm._launch_rmsnorm(call, algorithms.UNFUSED, None, stream="S")
-    (x, sums, stream), = reduced
-    assert (x, stream) == (call.x, "S")
+    steps = comm._launch_rmsnorm(call, algorithms.UNFUSED, None, stream="S")
+    (x, sums, algo, registered), = reduced
+    assert x is call.x and registered is None
+    assert algo == algorithms.choose(x.nbytes, 4)
     if with_out:
-        assert sums is call.out and allocated == []
+        assert sums is call.out and allocated == [] and forgotten == []
     else:  # the communicator's sum array, kept for the queued kernels and reused
         (kept,), = [allocated]
         assert kept.nbytes == call.x.nbytes and comm._unfused_sums is kept
         assert (sums.ptr, sums.shape, sums.dtype) == (kept.ptr, call.x.shape, call.x.dtype)
+        assert forgotten == [1]  # plans named the array it replaced
         comm._launch_rmsnorm(call, algorithms.UNFUSED, None, stream="S")
-        assert len(allocated) == 1 and reduced[1][1].ptr == kept.ptr
+        assert len(allocated) == 1 and reduced[1][1].ptr == kept.ptr and forgotten == [1]
     module = comm._row_kernels.module
     assert [name for name, _ in module.requests] == ["pyar_add_rmsnorm_bf16_mxfp4_p1"]
-    grid, block, args, stream = module.functions["pyar_add_rmsnorm_bf16_mxfp4_p1"].launches[0]
+    function = module.functions["pyar_add_rmsnorm_bf16_mxfp4_p1"]
+    grid, block, args, stream = function.launches[0]
     assert (grid, block, stream) == (tokens, 512, "S")
     assert args == (sums.ptr, tokens, *call.row_args(0, tokens), 0)  # no failure word
+    assert steps == [("copy", sums.ptr, call.x.ptr, 16),
+                     ("local", function, grid, block, args)]
 
 
 # --- 3. argument checks: RowCall and Quantization ------------------------------------

@@ -897,8 +897,6 @@ class Communicator(_eager.EagerCalls):
         self._check_kernel_failure()
         steps = self._launch_rmsnorm(call, algo, registered, stream)
         outputs = call.outputs()
-        if steps is None:  # unfused: its all-reduce replays a plan of its own
-            return outputs
         # Replayed only when every output is an argument: a new array per
         # call would need its own allocation and address in the plan.
         returns = tuple(-1 if a is None else next((i for i, b in enumerate(arrays) if b is a), None)
@@ -930,12 +928,9 @@ class Communicator(_eager.EagerCalls):
         return call, algo, registered
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
-        """Queue the fused call's steps; returns them, for its plan (None for
-        the unfused path, which is not planned as one)."""
-        if algo == algorithms.UNFUSED:
-            self._rmsnorm_unfused(call, stream)
-            return None
-        steps = list(self._rmsnorm_steps(call, algo, registered))
+        """Queue the fused call's steps; returns them, for its plan."""
+        steps = (self._unfused_steps(call, registered, stream) if algo == algorithms.UNFUSED
+                 else list(self._rmsnorm_steps(call, algo, registered)))
         for step in steps:
             self._run_step(step, stream)
         return steps
@@ -984,21 +979,26 @@ class Communicator(_eager.EagerCalls):
                                             self._layout.max_blocks, self._layout.threads)
         return self._fused_function(algo, dtype, quant_code, geometry.packs_per_thread), geometry
 
-    def _rmsnorm_unfused(self, call, stream):
-        """The same outputs from the separate steps: the all-reduce (into
+    def _unfused_steps(self, call, registered, stream):
+        """The same outputs from the separate steps: the all-reduce's (into
         ``out``, or the communicator's sum array when only quantized output
         is wanted), then add + RMSNorm (+ quantization) on this GPU, in place
         over the sum (a row's sums are loaded before its y is stored)."""
-        s = call.out
-        if s is None:
-            # Kept, not freed after the call: its kernels are still queued.
-            # Calls are ordered on one stream, so the next call may reuse it.
-            if self._unfused_sums is None or self._unfused_sums.nbytes < call.x.nbytes:
-                self._unfused_sums = empty((call.x.nbytes,), np.uint8, stream=stream)
-            s = DeviceArray.from_pointer(self._unfused_sums.ptr, call.x.shape, call.x.dtype,
-                                         owner=self._unfused_sums, device=self.device)
-        self.allreduce(call.x, out=s, stream=stream)
-        self._row_kernels.add_rmsnorm(call, stream, self._local_blocks(), s=s)
+        s = call.out if call.out is not None else self._unfused_sums_like(call.x, stream)
+        algo = self._plan(call.x, s, "auto", registered is not None)
+        return [*self._allreduce_steps(call.x, s, algo, registered),
+                ("local", *self._row_kernels.add_rmsnorm_launch(
+                    call, s.ptr, 0, call.tokens, self._local_blocks()))]
+
+    def _unfused_sums_like(self, x, stream):
+        """The communicator's sum array, viewed as ``x``.  Kept, not freed
+        after the call: its kernels are still queued, and plans name it.
+        Calls are ordered on one stream, so the next call may reuse it."""
+        if self._unfused_sums is None or self._unfused_sums.nbytes < x.nbytes:
+            self._forget_plans()  # before the array they name goes
+            self._unfused_sums = empty((x.nbytes,), np.uint8, stream=stream)
+        return DeviceArray.from_pointer(self._unfused_sums.ptr, x.shape, x.dtype,
+                                        owner=self._unfused_sums, device=self.device)
 
     # --- teardown ---------------------------------------------------------------
 
