@@ -5,7 +5,8 @@ per token count, eager and replayed from graphs, measured in the same run.
 
 Eager rows also time each fused variant forced (one-stage, two-stage,
 split): the crossovers that ``algorithms.FUSED_ONESTAGE_MAX_BYTES``,
-``FUSED_MAX_BYTES`` and ``FUSED_LARGE`` encode come from them.  On one
+``FUSED_MAX_BYTES`` and ``FUSED_LARGE`` encode (``SHARED_GPU_FUSED`` for
+ranks sharing a GPU) come from them.  On one
 shared GPU the fused kernel's HBM efficiency is reported: the bytes it must
 move (traffic.fused_shared_gpu_bytes) over its time, against the
 device-to-device copy bandwidth.
@@ -95,7 +96,7 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
                         kind != "mxfp4" else None, quantized=q, scales=scales)
     nbytes = x.nbytes
     iterations = args.iters or measure.iterations_for(nbytes * comm.world)
-    chosen = algorithms.choose_fused(nbytes, comm.world)
+    chosen = algorithms.choose_fused(nbytes, comm.world, comm._shared_gpu)
 
     def fused(algo="auto"):
         comm.allreduce_rmsnorm(x, res, w, out=y, residual_out=r, stream=stream, algo=algo,

@@ -75,10 +75,38 @@ FUSED_MAX_BYTES = {world: 1 << 20 for world in range(2, 9)}
 FUSED_LARGE = {world: SPLIT if world <= 4 else UNFUSED for world in range(2, 9)}
 
 
-def choose_fused(nbytes, world):
+# The tables above are for a GPU per rank.  Ranks that share one GPU (MPS)
+# read their "peers" from the same memory: there is no link to spare, so
+# one-stage (every rank reads every row) stays ahead far longer, two-stage
+# never leads, and split's capped spinning grid falls behind the unfused
+# steps' whole-GPU kernels once the input is large.  world size ->
+# (one-stage up to, then split up to; beyond: the unfused steps) in input
+# bytes, None for no bound.  Measured on one H200 shared by the ranks (bf16,
+# hidden 4096, 2026-12-04, every quantization kind; the eager rows' forced
+# variants less their host time against the graph-mode unfused steps,
+# benchmarks/results/h200_one_gpu_fused_w*_session9.json):
+# 2 ranks: one-stage leads to 1024 tokens (8 MiB, 1.07-1.50x what auto ran
+#   before from 128 tokens on); beyond it split (1.15-1.30x the unfused
+#   steps at 8192 tokens; one-stage within 3%, ahead without quantization);
+# 4 ranks: one-stage leads to 256 tokens (2 MiB), split from 1024 to 4096
+#   tokens (32 MiB); at 8192 split falls to 0.78-0.85x of the unfused steps;
+# 8 ranks: one-stage leads to 64 tokens (512 KiB), split at 128-256 (2 MiB,
+#   1.0-1.1x the unfused steps), the unfused steps from 1024 tokens.
+# 3 ranks take 4's entry and 5-7 take 8's until they are measured.
+SHARED_GPU_FUSED = {2: (8 << 20, None), 3: (2 << 20, 32 << 20), 4: (2 << 20, 32 << 20),
+                    **{world: (512 << 10, 2 << 20) for world in range(5, 9)}}
+
+
+def choose_fused(nbytes, world, shared_gpu=False):
     """The allreduce_rmsnorm variant ``"auto"`` selects for an input of
     ``nbytes``: one of FUSED_VARIANTS, or FUSED_LARGE's choice (SPLIT or
-    UNFUSED) past the fused crossover."""
+    UNFUSED) past the fused crossover; SHARED_GPU_FUSED's when the ranks
+    share one GPU."""
+    if shared_gpu:
+        onestage_max, split_max = _entry(SHARED_GPU_FUSED, world)
+        if nbytes <= onestage_max:
+            return FUSED_VARIANTS[0]
+        return SPLIT if split_max is None or nbytes <= split_max else UNFUSED
     variant = _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
     limit = FUSED_MAX_BYTES[world]
     return FUSED_LARGE[world] if limit is not None and nbytes > limit else variant
@@ -90,9 +118,13 @@ def validate_fused(algo):
 
 def _by_size(nbytes, world, small_max_bytes, names):
     small, large = names
-    if world not in small_max_bytes:
+    return small if nbytes <= _entry(small_max_bytes, world) else large
+
+
+def _entry(table, world):
+    if world not in table:
         raise ValueError(f"no algorithm table for world size {world} (supported: 2..8)")
-    return small if nbytes <= small_max_bytes[world] else large
+    return table[world]
 
 
 def _known(algo, names):

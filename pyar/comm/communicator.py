@@ -188,6 +188,9 @@ class Communicator(_eager.EagerCalls):
         exchange.run_everywhere(node, self._map_peers, handles, bus_ids)
         self._registry = exchange.run_everywhere(node, BufferRegistry, node, self._resources)
         sharing = self._gpu_sharers or topology.ranks_sharing(bus_ids, self.rank)
+        # Every rank must pick the same fused variant: the shared-GPU table
+        # only when every rank shares its GPU.
+        self._shared_gpu = exchange.agree_min(node, sharing) > 1
         self._max_blocks = exchange.agree_min(node, exchange.run_everywhere(
             node, self._block_cap, sharing, self._allreduce_functions()))
         self._max_shard_blocks = exchange.agree_min(node, exchange.run_everywhere(
@@ -924,7 +927,7 @@ class Communicator(_eager.EagerCalls):
             return call, algo, None
         registered = self._input_table(call.x, stream)
         if algo == "auto":
-            algo = algorithms.choose_fused(call.x.nbytes, self.world)
+            algo = algorithms.choose_fused(call.x.nbytes, self.world, self._shared_gpu)
         return call, algo, registered
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
