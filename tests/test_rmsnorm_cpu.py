@@ -869,6 +869,26 @@ def test_ranks_sharing_a_gpu_take_onestage_then_split_then_the_unfused_steps(wor
             algorithms.UNFUSED
 
 
+@pytest.mark.parametrize("world", range(2, 9))
+def test_wide_rows_on_a_shared_gpu_leave_onestage_at_their_own_bound(world):
+    """Rows over WIDE_ROW_BYTES leave one-stage at SHARED_GPU_WIDE_ONESTAGE_MAX;
+    split's bound is the same for every row width; rows of WIDE_ROW_BYTES
+    and narrower keep SHARED_GPU_FUSED's one-stage bound."""
+    wide = algorithms.WIDE_ROW_BYTES + 16
+    limit = algorithms.SHARED_GPU_WIDE_ONESTAGE_MAX[world]
+    onestage_max, split_max = algorithms.SHARED_GPU_FUSED[world]
+    assert 0 < limit < onestage_max and limit % 16 == 0
+    assert algorithms.choose_fused(limit, world, True, wide) == "onestage"
+    assert algorithms.choose_fused(limit + 16, world, True, wide) == algorithms.SPLIT
+    assert algorithms.choose_fused(limit + 16, world, True, algorithms.WIDE_ROW_BYTES) == \
+        "onestage"
+    if split_max is not None:
+        assert algorithms.choose_fused(split_max + 16, world, True, wide) == algorithms.UNFUSED
+    # A GPU per rank: the row width does not matter.
+    assert algorithms.choose_fused(limit + 16, world, False, wide) == \
+        algorithms.choose_fused(limit + 16, world)
+
+
 def test_shared_gpu_table_covers_worlds_2_to_8():
     assert sorted(algorithms.SHARED_GPU_FUSED) == list(range(2, 9))
     for onestage_max, split_max in algorithms.SHARED_GPU_FUSED.values():
@@ -893,6 +913,14 @@ def test_prepare_rmsnorm_takes_the_table_of_its_topology(dev, shared_gpu):
         picks.append(algo)
     assert picks == [algorithms.choose_fused(n, 4, shared_gpu) for n in (2 << 20, 8 << 20)]
     assert picks[0] == ("onestage" if shared_gpu else algorithms.FUSED_LARGE[4])
+    # Rows of 7168 bf16 (14 KiB): 16 rows run one-stage on a shared GPU, 64 split.
+    hidden = 7168
+    picks = [comm._prepare_rmsnorm(
+        dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16), 1e-6,
+        dev((tokens, hidden), BF16), None, None, None, 128, None, None, None, "auto")[1]
+        for tokens in (16, 64)]
+    assert picks == (["onestage", algorithms.SPLIT] if shared_gpu else
+                     [algorithms.choose_fused(n * hidden * 2, 4) for n in (16, 64)])
 
 
 @pytest.mark.parametrize("large", [algorithms.SPLIT, algorithms.UNFUSED])

@@ -96,7 +96,8 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
                         kind != "mxfp4" else None, quantized=q, scales=scales)
     nbytes = x.nbytes
     iterations = args.iters or measure.iterations_for(nbytes * comm.world)
-    chosen = algorithms.choose_fused(nbytes, comm.world, comm._shared_gpu)
+    chosen = algorithms.choose_fused(nbytes, comm.world, comm._shared_gpu,
+                                     args.hidden * dtype.itemsize)
 
     def fused(algo="auto"):
         comm.allreduce_rmsnorm(x, res, w, out=y, residual_out=r, stream=stream, algo=algo,

@@ -84,7 +84,7 @@ FUSED_LARGE = {world: SPLIT if world <= 4 else UNFUSED for world in range(2, 9)}
 # bytes, None for no bound.  Measured on one H200 shared by the ranks (bf16,
 # hidden 4096, 2026-12-04, every quantization kind; the eager rows' forced
 # variants less their host time against the graph-mode unfused steps,
-# benchmarks/results/h200_one_gpu_fused_w*_session9.json):
+# benchmarks/results/h200_one_gpu_fused_w*_bf16_before_session9.json):
 # 2 ranks: one-stage leads to 1024 tokens (8 MiB, 1.07-1.50x what auto ran
 #   before from 128 tokens on); beyond it split (1.15-1.30x the unfused
 #   steps at 8192 tokens; one-stage within 3%, ahead without quantization);
@@ -95,15 +95,26 @@ FUSED_LARGE = {world: SPLIT if world <= 4 else UNFUSED for world in range(2, 9)}
 # 3 ranks take 4's entry and 5-7 take 8's until they are measured.
 SHARED_GPU_FUSED = {2: (8 << 20, None), 3: (2 << 20, 32 << 20), 4: (2 << 20, 32 << 20),
                     **{world: (512 << 10, 2 << 20) for world in range(5, 9)}}
+# Rows wider than WIDE_ROW_BYTES take blocks of more than 512 threads, half
+# as many resident, and one-stage falls behind split far sooner: world size
+# -> one-stage's bound for them.  Measured the same way at hidden 7168 bf16
+# (14 KiB rows, ..._h7168_session9.json): one-stage leads to 64 tokens at 2 ranks (896 KiB; at 128
+# split is 9-15% ahead with quantization, 3% behind without) and to 16 at 4
+# and 8 (224 KiB; at 64 split is 2-7% ahead with quantization at 4 ranks,
+# 6% behind without, and ahead or level at 8).
+WIDE_ROW_BYTES = 8 << 10
+SHARED_GPU_WIDE_ONESTAGE_MAX = {2: 1 << 20, **{world: 256 << 10 for world in range(3, 9)}}
 
 
-def choose_fused(nbytes, world, shared_gpu=False):
+def choose_fused(nbytes, world, shared_gpu=False, row_bytes=0):
     """The allreduce_rmsnorm variant ``"auto"`` selects for an input of
-    ``nbytes``: one of FUSED_VARIANTS, or FUSED_LARGE's choice (SPLIT or
-    UNFUSED) past the fused crossover; SHARED_GPU_FUSED's when the ranks
-    share one GPU."""
+    ``nbytes`` in rows of ``row_bytes``: one of FUSED_VARIANTS, or
+    FUSED_LARGE's choice (SPLIT or UNFUSED) past the fused crossover;
+    SHARED_GPU_FUSED's when the ranks share one GPU."""
     if shared_gpu:
         onestage_max, split_max = _entry(SHARED_GPU_FUSED, world)
+        if row_bytes > WIDE_ROW_BYTES:
+            onestage_max = SHARED_GPU_WIDE_ONESTAGE_MAX[world]
         if nbytes <= onestage_max:
             return FUSED_VARIANTS[0]
         return SPLIT if split_max is None or nbytes <= split_max else UNFUSED

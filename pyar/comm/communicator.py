@@ -927,7 +927,8 @@ class Communicator(_eager.EagerCalls):
             return call, algo, None
         registered = self._input_table(call.x, stream)
         if algo == "auto":
-            algo = algorithms.choose_fused(call.x.nbytes, self.world, self._shared_gpu)
+            algo = algorithms.choose_fused(call.x.nbytes, self.world, self._shared_gpu,
+                                           row_bytes)
         return call, algo, registered
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
