@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds a CUDA-aware Open MPI 4.1 from Debian's source package into PREFIX, makes the
-# install relocatable (OPAL_PREFIX) and self-contained, and packs it as PREFIX.tar.zst.
+# install relocatable (OPAL_PREFIX) and self-contained, and packs it as PREFIX.tar.gz (gzip:
+# the GPU machine has tar and gzip but no zstd).
 #
 # Why: the GPU machine's Open MPI (Ubuntu's 4.1.6) and the PyPI MPI wheels are built without
 # CUDA, so pyar's hierarchical rail can only hand MPI pinned host copies. This build keeps the
@@ -10,8 +11,8 @@
 # Usage: scripts/cuda_aware_openmpi.sh PREFIX
 #   CUDA_HOME (default /usr/local/cuda): where include/cuda.h is; only the header is used:
 #     Open MPI dlopens libcuda.so.1 at run time, so the result links no CUDA library.
-#   BUILD_DIR (default /tmp/ompi-cuda-build), JOBS (default 2), TARBALL (default PREFIX.tar.zst).
-# Needs: apt with Debian's deb-src for bookworm (added below if missing), gcc, make, patchelf, zstd.
+#   BUILD_DIR (default /tmp/ompi-cuda-build), JOBS (default 2), TARBALL (default PREFIX.tar.gz).
+# Needs: apt with Debian's deb-src for bookworm (added below if missing), gcc, make, patchelf.
 set -euo pipefail
 
 [[ $# -eq 1 ]] || { echo "usage: $0 PREFIX" >&2; exit 2; }
@@ -19,12 +20,10 @@ PREFIX=$(realpath -m "$1")
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 BUILD_DIR=${BUILD_DIR:-/tmp/ompi-cuda-build}
 JOBS=${JOBS:-2}
-TARBALL=${TARBALL:-$PREFIX.tar.zst}
+TARBALL=${TARBALL:-$PREFIX.tar.gz}
 
 [[ -f "$CUDA_HOME/include/cuda.h" ]] || { echo "no $CUDA_HOME/include/cuda.h" >&2; exit 1; }
-for tool in patchelf zstd; do
-    command -v "$tool" >/dev/null || apt-get install -y -q "$tool"
-done
+command -v patchelf >/dev/null || apt-get install -y -q patchelf
 
 # --- source: Debian's openmpi source package (bookworm ships 4.1.4) ---------------------------
 if ! apt-cache showsrc openmpi 2>/dev/null | grep -q '^Version: 4\.1\.'; then
@@ -121,6 +120,6 @@ cuda_built=$(OPAL_PREFIX="$PREFIX" "$PREFIX/bin/ompi_info" --parsable --all \
 echo "$cuda_built"
 [[ "$cuda_built" == *':true' ]] || { echo "Open MPI was built without CUDA support" >&2; exit 1; }
 
-tar -C "$(dirname "$PREFIX")" -cf - "$(basename "$PREFIX")" | zstd -q -19 -T"$JOBS" -f -o "$TARBALL"
+tar -C "$(dirname "$PREFIX")" -cf - "$(basename "$PREFIX")" | gzip -9 >"$TARBALL"
 size=$(stat -c %s "$TARBALL")
 awk -v f="$TARBALL" -v s="$size" 'BEGIN { printf "%s: %d bytes (%.1f MiB)\n", f, s, s / 1048576 }'

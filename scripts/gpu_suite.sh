@@ -48,10 +48,10 @@ export PYAR_SCENARIO_LOG=$OUT/scenarios.log
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 # The hierarchical device data path's tests run under a CUDA-aware Open MPI
 # when one is unpacked there (they skip without it); PYAR_SUITE_MPI_TARBALL
-# names the PREFIX.tar.zst of scripts/cuda_aware_openmpi.sh /opt/pyar-ompi-cuda
+# names the PREFIX.tar.gz of scripts/cuda_aware_openmpi.sh /opt/pyar-ompi-cuda
 # to unpack first (the GPU machine has no network to build one).
 if [ -n "${PYAR_SUITE_MPI_TARBALL:-}" ] && [ ! -x /opt/pyar-ompi-cuda/bin/mpirun ]; then
-  zstd -dc "$PYAR_SUITE_MPI_TARBALL" | tar -C /opt -xf - || { echo "cannot unpack $PYAR_SUITE_MPI_TARBALL"; exit 1; }
+  tar -C /opt -xzf "$PYAR_SUITE_MPI_TARBALL" || { echo "cannot unpack $PYAR_SUITE_MPI_TARBALL"; exit 1; }
 fi
 if [ -z "${PYAR_TEST_CUDA_AWARE_MPI:-}" ] && [ -x /opt/pyar-ompi-cuda/bin/mpirun ]; then
   export PYAR_TEST_CUDA_AWARE_MPI=/opt/pyar-ompi-cuda
