@@ -364,7 +364,21 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     }
   }
   // and the acquire precedes the block's later accesses
-  if (__syncthreads_and(passed)) return true;
+  if (__syncthreads_and(passed)) {
+#if defined(PYAR_TEST_LAG_RANK)
+    // The lagging builds (tests/gpu/conftest.py): rank PYAR_TEST_LAG_RANK's
+    // blocks start reading PYAR_TEST_LAG_NS after every rank passed the start
+    // barrier, a lag that only the exit barrier keeps from turning into reads
+    // of inputs their owners already reused.  (Ranks sharing one GPU read at
+    // one pace; no competing kernel reliably puts one a graph node behind.)
+    if (phase == kStart && rank == PYAR_TEST_LAG_RANK) {
+      const uint64_t since = now_ns();
+      while (now_ns() - since < PYAR_TEST_LAG_NS) {
+      }
+    }
+#endif
+    return true;
+  }
   if (threadIdx.x == 0 && failure_latched()) {
     my_signal->failed[blockIdx.x] = 1u;
     store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too

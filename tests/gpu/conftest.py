@@ -48,12 +48,17 @@ def _unavailable(reason):
     pytest.skip(reason)
 
 
+# Rank 1's blocks start reading 50 us after the start barrier (pyar_protocol.h).
+LAG = ("PYAR_TEST_LAG_RANK=1", "PYAR_TEST_LAG_NS=50000")
 # The positive controls' test-only kernel builds: fixture name -> defines.
 CONTROL_BUILDS = {
     "control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER"),
     "start_control_kernels": ("PYAR_TEST_SKIP_PHASE=kStart",),
     "signature_control_kernels": ("PYAR_TEST_IGNORE_SIGNATURE=1",),
     "stage_control_kernels": ("PYAR_TEST_STAGE_MUTATION=kStageAfterStart",),
+    "lagging_kernels": LAG,
+    "lagging_control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER",
+                                *LAG),
 }
 # The code objects a Communicator loads (by these names, from kernels=DIR).
 CONTROL_SOURCES = ("allreduce", "allreduce_rmsnorm", "shards")
@@ -114,6 +119,22 @@ def kernels_without_exit_barrier(tmp_path_factory):
     PYAR_TEST_SKIP_MID_BARRIER: two-stage), once per test session."""
     return _build_control_kernels(tmp_path_factory, "control_kernels",
                                   CONTROL_BUILDS["control_kernels"])
+
+
+@pytest.fixture(scope="session")
+def kernels_with_a_lagging_rank(tmp_path_factory):
+    """The shipped kernels with rank 1 reading 50 us after the start barrier
+    (PYAR_TEST_LAG_RANK), once per test session."""
+    return _build_control_kernels(tmp_path_factory, "lagging_kernels",
+                                  CONTROL_BUILDS["lagging_kernels"])
+
+
+@pytest.fixture(scope="session")
+def lagging_kernels_without_exit_barrier(tmp_path_factory):
+    """kernels_without_exit_barrier with rank 1 lagging like kernels_with_a_lagging_rank,
+    once per test session."""
+    return _build_control_kernels(tmp_path_factory, "lagging_control_kernels",
+                                  CONTROL_BUILDS["lagging_control_kernels"])
 
 
 @pytest.fixture(scope="session")

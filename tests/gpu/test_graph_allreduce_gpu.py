@@ -28,15 +28,32 @@ def test_graph_replay_with_reused_input_slot(world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_graph_positive_control(world, kernels_without_exit_barrier):
+def test_graph_positive_control(world, request):
     """The same graph with one-shot kernels built without the exit barrier
     must produce wrong results: the graph test sees the seeds' bug.  The
     control reads a larger slot under competing spin kernels (their size and
     weight per world size in tests/mpi/allreduce_graphs.py) and replays until
-    it sees a wrong result or 90 s have passed."""
-    rows = rows_of(scenario("allreduce_graphs", world, "replay", kernels_without_exit_barrier,
-                            timeout=300), "graph-control")
+    it sees a wrong result or 90 s have passed.  Two ranks sharing a GPU read
+    at one pace, and no competing kernel put one a graph node behind (no
+    wrong sum in 161480 calls): there rank 1 lags 50 us after the start
+    barrier (test_graph_replay_with_a_lagging_rank: harmless with the exit
+    barrier)."""
+    kernels = request.getfixturevalue("lagging_kernels_without_exit_barrier" if world == 2
+                                      else "kernels_without_exit_barrier")
+    rows = rows_of(scenario("allreduce_graphs", world, "replay", kernels, timeout=300),
+                   "graph-control")
     assert rows[0]["mismatches"] > 0, rows
+
+
+def test_graph_replay_with_a_lagging_rank(kernels_with_a_lagging_rank):
+    """The 2-rank control's lag with the exit barrier in place: every output
+    of test_graph_replay_with_reused_input_slot's graphs stays exact, so the
+    control's wrong sums come from the missing barrier, not from the lag."""
+    rows = rows_of(scenario("allreduce_graphs", 2, "lagged", kernels_with_a_lagging_rank,
+                            timeout=420), "graph-lagged")
+    assert len(rows) == 6, rows
+    for row in rows:
+        assert row["calls"] >= 1000 and row["mismatches"] == 0, row
 
 
 @pytest.mark.parametrize("world", WORLDS)
