@@ -98,10 +98,10 @@ SHARED_GPU_FUSED = {2: (8 << 20, None), 3: (2 << 20, 32 << 20), 4: (2 << 20, 32 
 # Rows wider than WIDE_ROW_BYTES take blocks of more than 512 threads, half
 # as many resident, and one-stage falls behind split far sooner: world size
 # -> one-stage's bound for them.  Measured the same way at hidden 7168 bf16
-# (14 KiB rows, ..._h7168_session9.json): one-stage leads to 64 tokens at 2 ranks (896 KiB; at 128
-# split is 9-15% ahead with quantization, 3% behind without) and to 16 at 4
-# and 8 (224 KiB; at 64 split is 2-7% ahead with quantization at 4 ranks,
-# 6% behind without, and ahead or level at 8).
+# (14 KiB rows, ..._h7168_session9.json): one-stage leads to 64 tokens at 2
+# ranks (896 KiB; at 128 split is 9-15% ahead with quantization, 3% behind
+# without) and to 16 at 4 and 8 (224 KiB; at 64 split is 2-7% ahead with
+# quantization at 4 ranks, 6% behind without, and ahead or level at 8).
 WIDE_ROW_BYTES = 8 << 10
 SHARED_GPU_WIDE_ONESTAGE_MAX = {2: 1 << 20, **{world: 256 << 10 for world in range(3, 9)}}
 

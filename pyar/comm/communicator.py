@@ -145,6 +145,7 @@ class Communicator(_eager.EagerCalls):
         self._row_kernels = None
         self._unfused_sums = None  # the unfused path's sum array when there is no out
         self._gpu_sharers = gpu_sharers
+        self._shared_gpu = False  # every rank shares its GPU (set on connecting)
         try:
             if self.world > MAX_WORLD:
                 raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one "
