@@ -904,21 +904,12 @@ def test_prepare_rmsnorm_takes_the_table_of_its_topology(dev, shared_gpu):
     split whichever the topology, 256 rows run one-stage only on a shared GPU."""
     comm = _comm(4)
     comm._shared_gpu = shared_gpu
-    hidden = 4096
-    picks = []
-    for tokens in (256, 1024):
-        call, algo, _ = comm._prepare_rmsnorm(
-            dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16),
-            1e-6, dev((tokens, hidden), BF16), None, None, None, 128, None, None, None, "auto")
-        picks.append(algo)
+    picks = [_picked(comm, dev, tokens, 4096) for tokens in (256, 1024)]
     assert picks == [algorithms.choose_fused(n, 4, shared_gpu) for n in (2 << 20, 8 << 20)]
     assert picks[0] == ("onestage" if shared_gpu else algorithms.FUSED_LARGE[4])
     # Rows of 7168 bf16 (14 KiB): 16 rows run one-stage on a shared GPU, 64 split.
     hidden = 7168
-    picks = [comm._prepare_rmsnorm(
-        dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16), 1e-6,
-        dev((tokens, hidden), BF16), None, None, None, 128, None, None, None, "auto")[1]
-        for tokens in (16, 64)]
+    picks = [_picked(comm, dev, tokens, hidden) for tokens in (16, 64)]
     assert picks == (["onestage", algorithms.SPLIT] if shared_gpu else
                      [algorithms.choose_fused(n * hidden * 2, 4) for n in (16, 64)])
 
@@ -928,19 +919,18 @@ def test_prepare_rmsnorm_picks_the_large_path_past_the_crossover(dev, monkeypatc
     comm = _comm(4)
     monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, 4, 64 << 10)
     monkeypatch.setitem(algorithms.FUSED_LARGE, 4, large)
-    hidden = 1024
-    picks = []
-    for tokens in (32, 33):  # 64 KiB, then one row more
-        call, algo, _ = comm._prepare_rmsnorm(
-            dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16),
-            1e-6, dev((tokens, hidden), BF16), None, None, None, 128, None, None, None, "auto")
-        picks.append(algo)
+    picks = [_picked(comm, dev, tokens, 1024) for tokens in (32, 33)]  # 64 KiB, one row more
     assert picks[0] in algorithms.FUSED_VARIANTS and picks[1] == large
     # Forced, both stay selectable whatever the table says.
     for algo in (algorithms.SPLIT, algorithms.UNFUSED):
-        assert comm._prepare_rmsnorm(
-            dev((1, hidden), BF16), dev((1, hidden), BF16), dev((hidden,), BF16), 1e-6,
-            dev((1, hidden), BF16), None, None, None, 128, None, None, None, algo)[1] == algo
+        assert _picked(comm, dev, 1, 1024, algo) == algo
+
+
+def _picked(comm, dev, tokens, hidden, algo="auto"):
+    """The variant _prepare_rmsnorm picks for ``tokens`` bf16 rows of ``hidden``."""
+    return comm._prepare_rmsnorm(
+        dev((tokens, hidden), BF16), dev((tokens, hidden), BF16), dev((hidden,), BF16), 1e-6,
+        dev((tokens, hidden), BF16), None, None, None, 128, None, None, None, algo)[1]
 
 
 @pytest.mark.parametrize("with_out", [True, False])

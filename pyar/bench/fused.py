@@ -96,8 +96,7 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
                         kind != "mxfp4" else None, quantized=q, scales=scales)
     nbytes = x.nbytes
     iterations = args.iters or measure.iterations_for(nbytes * comm.world)
-    chosen = algorithms.choose_fused(nbytes, comm.world, comm._shared_gpu,
-                                     args.hidden * dtype.itemsize)
+    chosen = comm._choose_fused(nbytes, args.hidden * dtype.itemsize)
 
     def fused(algo="auto"):
         comm.allreduce_rmsnorm(x, res, w, out=y, residual_out=r, stream=stream, algo=algo,

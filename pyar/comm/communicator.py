@@ -928,9 +928,12 @@ class Communicator(_eager.EagerCalls):
             return call, algo, None
         registered = self._input_table(call.x, stream)
         if algo == "auto":
-            algo = algorithms.choose_fused(call.x.nbytes, self.world, self._shared_gpu,
-                                           row_bytes)
+            algo = self._choose_fused(call.x.nbytes, row_bytes)
         return call, algo, registered
+
+    def _choose_fused(self, nbytes, row_bytes):
+        """What ``algo="auto"`` runs for an input of ``nbytes`` in rows of ``row_bytes``."""
+        return algorithms.choose_fused(nbytes, self.world, self._shared_gpu, row_bytes)
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
         """Queue the fused call's steps; returns them, for its plan."""
