@@ -51,6 +51,11 @@ static inline uint32_t __float_as_uint(float x) {
   std::memcpy(&u, &x, sizeof u);
   return u;
 }
+static inline float __uint_as_float(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
 static inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE, round to nearest
 static inline int max(int a, int b) { return a > b ? a : b; }
 """
@@ -99,20 +104,80 @@ int main(int argc, char **argv) {
 }
 """
 
+# argv: FORMAT (bfloat16 or float16), FNUZ (0 or 1), QUOTIENT (fp8_quotient, or product: the
+# uncorrected v * inverse, the positive control).  For every non-negative finite amax of the
+# format and every v of the format with |v| <= amax, compares the FP8 code of QUOTIENT with
+# that of __fdiv_rn(v, scale), scale = fp8_scale(amax, FNUZ).  Prints "pairs N differ M" and
+# the first differences.
+QUOTIENT_HARNESS = r"""
+#include <cstdio>
+#include <cstring>
+#include "pyar_quant.h"
+
+#if defined(__FAST_MATH__)
+#error "the quotient must be checked with IEEE float arithmetic: no -ffast-math"
+#endif
+
+static float from_bits(uint16_t bits, bool bfloat16) {
+  if (bfloat16) {
+    const uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  _Float16 h;
+  std::memcpy(&h, &bits, sizeof h);
+  return float(h);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) { std::fprintf(stderr, "usage: %s FORMAT FNUZ QUOTIENT\n", argv[0]); return 2; }
+  const bool bfloat16 = std::strcmp(argv[1], "bfloat16") == 0;
+  const bool fnuz = std::strcmp(argv[2], "1") == 0;
+  const bool corrected = std::strcmp(argv[3], "fp8_quotient") == 0;
+  const uint16_t largest = bfloat16 ? 0x7F7F : 0x7BFF;  // positive finite values are 0..largest
+  unsigned long long pairs = 0, differ = 0;
+  for (uint32_t m = 0; m <= largest; ++m) {
+    const float scale = pyar::fp8_scale(from_bits(uint16_t(m), bfloat16), fnuz);
+    const pyar::Fp8Divisor divisor = pyar::fp8_divisor(scale);
+    const float inverse = __fdiv_rn(1.0f, scale);
+    for (uint32_t b = 0; b <= m; ++b) {
+      const float value = from_bits(uint16_t(b), bfloat16), signs[2] = {value, -value};
+      for (const float v : signs) {
+        const float got = corrected ? pyar::fp8_quotient(v, divisor) : v * inverse;
+        const float want = __fdiv_rn(v, scale);
+        ++pairs;
+        if (std::memcmp(&got, &want, sizeof got) != 0 &&
+            pyar::encode_e4m3(got, fnuz) != pyar::encode_e4m3(want, fnuz) && ++differ <= 5)
+          std::printf("v %a scale %a: got %a, want %a\n", v, scale, got, want);
+      }
+    }
+  }
+  std::printf("pairs %llu differ %llu\n", pairs, differ);
+  return 0;
+}
+"""
+
 CXXFLAGS = ["-O2", "-std=c++17", "-fno-fast-math", "-ffp-contract=off", "-Wall"]
+
+
+def _compile_harness(work, harness):
+    """``harness`` built in ``work`` against the header and the shim; the executable."""
+    (work / "pyar_device.h").write_text(SHIM)
+    shutil.copyfile(HEADER, work / "pyar_quant.h")
+    (work / "main.cpp").write_text(harness)
+    exe = work / "harness"
+    cmd = [CXX, *CXXFLAGS, "-I", str(work), str(work / "main.cpp"), "-o", str(exe)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, " ".join(cmd) + "\n" + result.stdout + result.stderr
+    return exe
 
 
 @pytest.fixture(scope="module")
 def encoders(tmp_path_factory):
     """Compiles the harness once; returns ``run(values) -> dict`` of the header's results."""
     work = tmp_path_factory.mktemp("quant_encoders")
-    (work / "pyar_device.h").write_text(SHIM)
-    shutil.copyfile(HEADER, work / "pyar_quant.h")
-    (work / "main.cpp").write_text(HARNESS)
-    exe = work / "encoders"
-    cmd = [CXX, *CXXFLAGS, "-I", str(work), str(work / "main.cpp"), "-o", str(exe)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, " ".join(cmd) + "\n" + result.stdout + result.stderr
+    exe = _compile_harness(work, HARNESS)
 
     def run(values):
         values = np.ascontiguousarray(values, dtype=F32)
@@ -126,6 +191,23 @@ def encoders(tmp_path_factory):
         fn, fnuz, e2m1, mx, s_fn, s_fnuz = raw.reshape(6, values.size)
         return {"e4m3fn": fn, "e4m3fnuz": fnuz, "e2m1": e2m1, "mx": mx.view(np.int32),
                 "scale_e4m3fn": s_fn.view(F32), "scale_e4m3fnuz": s_fnuz.view(F32)}
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def quotient_check(tmp_path_factory):
+    """Compiles QUOTIENT_HARNESS once; returns ``run(format, fnuz, quotient) -> (pairs,
+    differ, output)``."""
+    exe = _compile_harness(tmp_path_factory.mktemp("fp8_quotient"), QUOTIENT_HARNESS)
+
+    def run(fmt, fnuz, quotient):
+        result = subprocess.run([str(exe), fmt, str(int(fnuz)), quotient], capture_output=True,
+                                text=True, timeout=600, check=False)
+        assert result.returncode == 0, result.stderr
+        last = result.stdout.splitlines()[-1].split()
+        assert last[0] == "pairs" and last[2] == "differ", result.stdout
+        return int(last[1]), int(last[3]), result.stdout
 
     return run
 
@@ -313,3 +395,22 @@ def test_fp8_scale_matches_quantize_fp8_per_token(encoders, fp8):
     floor = F32(2.0 ** -126)
     assert got.min() == floor and (got == floor).sum() > 100     # the floor was exercised
     assert (got > floor).sum() > amax.size // 2
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["e4m3fn", "e4m3fnuz"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_fp8_quotient_is_the_division_for_every_16_bit_value(quotient_check, fmt, fnuz):
+    """The fused kernels divide 16-bit rows by their FP8 scale with fp8_quotient instead of
+    __fdiv_rn: the FP8 codes of the two agree for every value v and group maximum
+    amax >= |v| of the format (about 10**9 pairs), so the kernels' codes are the
+    references'."""
+    pairs, differ, output = quotient_check(fmt, fnuz, "fp8_quotient")
+    assert pairs > 10**9 and differ == 0, output
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_fp8_quotient_check_finds_an_uncorrected_product(quotient_check, fmt):
+    """Positive control: v * inverse without the FMA correction gives other FP8 codes for
+    some pairs, and the check above finds them."""
+    pairs, differ, output = quotient_check(fmt, False, "product")
+    assert pairs > 10**9 and differ > 1000, output

@@ -208,13 +208,21 @@ PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Colum
     for (int p = 0; p < P; ++p) {
       if (!c.holds(p)) continue;
       const float scale = fp8_scale(amax[p], fnuz);
+      const Fp8Divisor divisor = fp8_divisor(scale);
       const uint32_t col = c.col[p];
       if ((col & groups.mask) == 0)
         static_cast<float *>(a.scales)[row * groups.columns + (col >> groups.shift)] = scale;
-      typename Word<L>::type word = 0;
+      float x[L];
 #pragma unroll
       for (int j = 0; j < L; ++j)
-        word |= typename Word<L>::type(encode_e4m3(__fdiv_rn(v[p][j], scale), fnuz)) << (8 * j);
+        x[j] = sizeof(T) == 2 ? fp8_quotient(v[p][j], divisor) : __fdiv_rn(v[p][j], scale);
+      typename Word<L>::type word = 0;
+#pragma unroll
+      for (int j = 0; j < L; j += 2)
+        word |= typename Word<L>::type(fnuz ? encode_e4m3(x[j], true) |
+                                                  encode_e4m3(x[j + 1], true) << 8
+                                            : encode_e4m3fn_pair(x[j], x[j + 1]))
+                << (8 * j);
       reinterpret_cast<typename Word<L>::type *>(a.q + row * a.hidden)[col] = word;
     }
   } else {
@@ -227,10 +235,13 @@ PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Colum
       const uint32_t col = c.col[p];
       uint8_t *scales = static_cast<uint8_t *>(a.scales) + row * (a.hidden / kMxBlock);
       if ((col & (block_packs - 1)) == 0) scales[col >> block_shift] = uint8_t(shared + 127);
+      // -shared is in [-125, 127]: one rounding of the product by a normal
+      // power of two is ldexpf(v, -shared).
+      const float unscale = pow2(-shared);
       typename Word<L / 2>::type word = 0;
 #pragma unroll
       for (int j = 0; j < L; ++j)
-        word |= typename Word<L / 2>::type(encode_e2m1(ldexpf(v[p][j], -shared))) << (4 * j);
+        word |= typename Word<L / 2>::type(encode_e2m1(v[p][j] * unscale)) << (4 * j);
       reinterpret_cast<typename Word<L / 2>::type *>(a.q + row * (a.hidden / 2))[col] = word;
     }
   }

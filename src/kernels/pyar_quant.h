@@ -10,8 +10,10 @@
 
 namespace pyar {
 
-// An exact power of two as a float: ldexpf covers the subnormal ones too.
-PYAR_DEVICE float pow2(int e) { return ldexpf(1.0f, e); }
+// 2**e for a normal exponent e in [-126, 127], the range of every caller,
+// built from its bits: NVIDIA's ldexpf spends a dozen instructions per call on
+// ranges these callers never reach, and the encoders call it per element.
+PYAR_DEVICE float pow2(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }
 
 // floor(log2(a)) of a normal positive float; -127 for zero and subnormals,
 // which every caller treats as "below the formats' smallest normal".
@@ -41,12 +43,51 @@ PYAR_DEVICE uint32_t encode_e4m3(float v, bool fnuz) {
   return code | (sign << 7);
 }
 
+// The E4M3FN codes of two values, a's in the low byte.  sm_89 and later
+// convert a pair in one instruction (round to nearest even, saturating to the
+// largest finite value): encode_e4m3's definition, which
+// tests/gpu/test_fp8_conversion_gpu.py checks for every float32 on the GPU.
+PYAR_DEVICE uint32_t encode_e4m3fn_pair(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t codes;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(codes) : "f"(b), "f"(a));
+  return codes;
+#else
+  return encode_e4m3(a, false) | (encode_e4m3(b, false) << 8);
+#endif
+}
+
 PYAR_DEVICE float fp8_max(bool fnuz) { return fnuz ? 240.0f : 448.0f; }
 
 // The scale of an FP8 group: amax / FP8_MAX rounded once to float32, floored
 // at float32's smallest normal (never zero, never subnormal).
 PYAR_DEVICE float fp8_scale(float amax, bool fnuz) {
   return fmaxf(__fdiv_rn(amax, fp8_max(fnuz)), pow2(-126));
+}
+
+// Division by an FP8 scale as the fused kernels do it for float16 and
+// bfloat16 rows: __fdiv_rn spends a reciprocal, four FMAs and a range check
+// with a branch on every element; fp8_quotient spends a product by the
+// scale's rounded reciprocal and one FMA correction of its remainder
+// (Markstein).  The remainder must stay in float32's normal range, so a scale
+// below 2**-60 (a group whose amax is below 2**-51) and v are both lifted by
+// 2**64 first, exactly.  The correction of -0 adds +0; the quotient always
+// has v's sign.  tests/test_quant_encoders.py checks that the FP8 codes of
+// fp8_quotient and of __fdiv_rn agree for every 16-bit v and amax >= |v|;
+// float32 rows divide.
+struct Fp8Divisor {
+  float scale, inverse, lift;
+};
+
+PYAR_DEVICE Fp8Divisor fp8_divisor(float scale) {
+  const float lift = scale < pow2(-60) ? pow2(64) : 1.0f;
+  return {scale * lift, __fdiv_rn(1.0f, scale * lift), lift};
+}
+
+PYAR_DEVICE float fp8_quotient(float v, const Fp8Divisor &d) {
+  const float x = v * d.lift;
+  const float q = x * d.inverse;
+  return copysignf(fmaf(fmaf(-q, d.scale, x), d.inverse, q), v);
 }
 
 // E2M1 code (sign bit 3) of v: grid 0, 0.5, 1, 1.5, 2, 3, 4, 6, saturating.

@@ -2,6 +2,7 @@
 // hipModuleLaunchKernel: argument passing, data movement, delays and the
 // "consumer overwrites its input" step of the adversarial tests.
 #include "pyar_device.h"
+#include "pyar_quant.h"
 
 extern "C" {
 
@@ -54,6 +55,25 @@ __global__ void pyar_test_spin(uint64_t ns) {
     while (pyar::now_ns() - start < ns) {
     }
   }
+}
+
+// Counts the float32 values, NaNs aside, whose E4M3FN codes from
+// encode_e4m3fn_pair (v and -v as a pair) differ from encode_e4m3's with the
+// given `fnuz` (1: the comparison's positive control), and stores one of them.
+__global__ void pyar_test_e4m3fn_pair_mismatches(uint32_t fnuz, unsigned long long *count,
+                                                 uint32_t *example) {
+  unsigned long long found = 0;
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < (1ull << 32);
+       i += uint64_t(gridDim.x) * blockDim.x) {
+    const float v = __uint_as_float(uint32_t(i));
+    if (v != v) continue;
+    const uint32_t software = pyar::encode_e4m3(v, fnuz) | pyar::encode_e4m3(-v, fnuz) << 8;
+    if (pyar::encode_e4m3fn_pair(v, -v) != software) {
+      ++found;
+      *example = uint32_t(i);
+    }
+  }
+  if (found) atomicAdd(count, found);
 }
 
 }  // extern "C"
