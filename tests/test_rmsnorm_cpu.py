@@ -853,12 +853,16 @@ def test_fused_crossover_table_covers_worlds_2_to_8():
 @pytest.mark.parametrize("world", range(2, 9))
 def test_ranks_sharing_a_gpu_take_onestage_then_split_then_the_unfused_steps(world):
     """The shared-GPU table: one-stage up to its first bound, split up to the
-    second, the unfused steps beyond; never two-stage."""
+    second, the unfused steps beyond; never two-stage.  Without a first bound
+    (2-4 ranks) one-stage at every size."""
     onestage_max, split_max = algorithms.SHARED_GPU_FUSED[world]
     order = ("onestage", algorithms.SPLIT, algorithms.UNFUSED)
     picks = [order.index(algorithms.choose_fused(n, world, shared_gpu=True))
              for n in sorted(SIZES + [8 << 20, (8 << 20) + 16, 32 << 20, (32 << 20) + 16])]
     assert picks == sorted(picks), picks
+    if onestage_max is None:
+        assert algorithms.choose_fused(1 << 40, world, shared_gpu=True) == "onestage"
+        return
     assert algorithms.choose_fused(onestage_max, world, shared_gpu=True) == "onestage"
     assert algorithms.choose_fused(onestage_max + 16, world, shared_gpu=True) == algorithms.SPLIT
     if split_max is None:
@@ -877,7 +881,7 @@ def test_wide_rows_on_a_shared_gpu_leave_onestage_at_their_own_bound(world):
     wide = algorithms.WIDE_ROW_BYTES + 16
     limit = algorithms.SHARED_GPU_WIDE_ONESTAGE_MAX[world]
     onestage_max, split_max = algorithms.SHARED_GPU_FUSED[world]
-    assert 0 < limit < onestage_max and limit % 16 == 0
+    assert 0 < limit < (onestage_max or 1 << 40) and limit % 16 == 0
     assert algorithms.choose_fused(limit, world, True, wide) == "onestage"
     assert algorithms.choose_fused(limit + 16, world, True, wide) == algorithms.SPLIT
     assert algorithms.choose_fused(limit + 16, world, True, algorithms.WIDE_ROW_BYTES) == \
@@ -892,21 +896,23 @@ def test_wide_rows_on_a_shared_gpu_leave_onestage_at_their_own_bound(world):
 def test_shared_gpu_table_covers_worlds_2_to_8():
     assert sorted(algorithms.SHARED_GPU_FUSED) == list(range(2, 9))
     for onestage_max, split_max in algorithms.SHARED_GPU_FUSED.values():
-        assert isinstance(onestage_max, int) and onestage_max > 0 and onestage_max % 16 == 0
-        assert split_max is None or (split_max % 16 == 0 and split_max > onestage_max)
+        assert onestage_max is None or (onestage_max > 0 and onestage_max % 16 == 0)
+        assert split_max is None or (split_max % 16 == 0 and split_max > (onestage_max or 0))
     with pytest.raises(ValueError, match=r"world size 9 \(supported: 2..8\)"):
         algorithms.choose_fused(4096, 9, shared_gpu=True)
 
 
 @pytest.mark.parametrize("shared_gpu", [False, True])
 def test_prepare_rmsnorm_takes_the_table_of_its_topology(dev, shared_gpu):
-    """Measured on one H200: at 4 ranks 1024 rows of 4096 bf16 (8 MiB) run
-    split whichever the topology, 256 rows run one-stage only on a shared GPU."""
+    """Measured on one H200: at 4 ranks 256 and 1024 rows of 4096 bf16 (2 and
+    8 MiB) run one-stage on a shared GPU; with a GPU per rank the first runs
+    the GPU-per-rank table's large path."""
     comm = _comm(4)
     comm._shared_gpu = shared_gpu
     picks = [_picked(comm, dev, tokens, 4096) for tokens in (256, 1024)]
-    assert picks == [algorithms.choose_fused(n, 4, shared_gpu) for n in (2 << 20, 8 << 20)]
-    assert picks[0] == ("onestage" if shared_gpu else algorithms.FUSED_LARGE[4])
+    assert picks == (["onestage", "onestage"] if shared_gpu else
+                     [algorithms.choose_fused(n, 4) for n in (2 << 20, 8 << 20)])
+    assert shared_gpu or picks[0] == algorithms.FUSED_LARGE[4]
     # Rows of 7168 bf16 (14 KiB): 16 rows run one-stage on a shared GPU, 64 split.
     hidden = 7168
     picks = [_picked(comm, dev, tokens, hidden) for tokens in (16, 64)]

@@ -82,18 +82,20 @@ FUSED_LARGE = {world: SPLIT if world <= 4 else UNFUSED for world in range(2, 9)}
 # steps' whole-GPU kernels once the input is large.  world size ->
 # (one-stage up to, then split up to; beyond: the unfused steps) in input
 # bytes, None for no bound.  Measured on one H200 shared by the ranks (bf16,
-# hidden 4096, 2026-12-04, every quantization kind; the eager rows' forced
-# variants less their host time against the graph-mode unfused steps,
-# benchmarks/results/h200_one_gpu_fused_w*_bf16_before_session9.json):
-# 2 ranks: one-stage leads to 1024 tokens (8 MiB, 1.07-1.50x what auto ran
-#   before from 128 tokens on); beyond it split (1.15-1.30x the unfused
-#   steps at 8192 tokens; one-stage within 3%, ahead without quantization);
-# 4 ranks: one-stage leads to 256 tokens (2 MiB), split from 1024 to 4096
-#   tokens (32 MiB); at 8192 split falls to 0.78-0.85x of the unfused steps;
+# hidden 4096, every quantization kind; the eager rows' forced variants,
+# benchmarks/results/h200_one_gpu_fused_w*_bf16_session10.json, with the
+# quantizing epilogue of 2026-12-04 that costs a third less):
+# 2 ranks: one-stage leads at every size (at 4096 and 8192 tokens 0-13% ahead
+#   of split, 1.20-1.46x the unfused steps);
+# 4 ranks: one-stage leads or is level to 4096 tokens (split up to 10% ahead
+#   at 4096 with FP8 per token, but one-stage stays ahead of the unfused
+#   steps) and leads at 8192 (1.06-1.24x the unfused steps, split 0.80-0.90x);
 # 8 ranks: one-stage leads to 64 tokens (512 KiB), split at 128-256 (2 MiB,
-#   1.0-1.1x the unfused steps), the unfused steps from 1024 tokens.
-# 3 ranks take 4's entry and 5-7 take 8's until they are measured.
-SHARED_GPU_FUSED = {2: (8 << 20, None), 3: (2 << 20, 32 << 20), 4: (2 << 20, 32 << 20),
+#   1.0-1.1x the unfused steps), the unfused steps from 1024 tokens (where
+#   one-stage and split take 1.5-2.1x as long, and more beyond).
+# 3 ranks take 4's entry and 5-7 take 8's until they are measured.  Split's
+# bound at 3-4 ranks still applies to wide rows (below).
+SHARED_GPU_FUSED = {2: (None, None), 3: (None, 32 << 20), 4: (None, 32 << 20),
                     **{world: (512 << 10, 2 << 20) for world in range(5, 9)}}
 # Rows wider than WIDE_ROW_BYTES take blocks of more than 512 threads, half
 # as many resident, and one-stage falls behind split far sooner: world size
@@ -115,7 +117,7 @@ def choose_fused(nbytes, world, shared_gpu=False, row_bytes=0):
         onestage_max, split_max = _entry(SHARED_GPU_FUSED, world)
         if row_bytes > WIDE_ROW_BYTES:
             onestage_max = SHARED_GPU_WIDE_ONESTAGE_MAX[world]
-        if nbytes <= onestage_max:
+        if onestage_max is None or nbytes <= onestage_max:
             return FUSED_VARIANTS[0]
         return SPLIT if split_max is None or nbytes <= split_max else UNFUSED
     variant = _by_size(nbytes, world, FUSED_ONESTAGE_MAX_BYTES, FUSED_VARIANTS)
