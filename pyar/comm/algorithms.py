@@ -82,14 +82,14 @@ FUSED_LARGE = {world: SPLIT if world <= 4 else UNFUSED for world in range(2, 9)}
 # steps' whole-GPU kernels once the input is large.  world size ->
 # (one-stage up to, then split up to; beyond: the unfused steps) in input
 # bytes, None for no bound.  Measured on one H200 shared by the ranks (bf16,
-# hidden 4096, every quantization kind; the eager rows' forced variants,
-# benchmarks/results/h200_one_gpu_fused_w*_bf16_session10.json, with the
-# quantizing epilogue of 2026-12-04 that costs a third less):
+# hidden 4096, every quantization kind; the eager rows' forced variants in
+# benchmarks/results/h200_one_gpu_fused_w*_bf16_{epilogue_,}session10.json,
+# with the quantizing epilogue of 2026-12-04 that costs a third less):
 # 2 ranks: one-stage leads at every size (at 4096 and 8192 tokens 0-13% ahead
 #   of split, 1.20-1.46x the unfused steps);
-# 4 ranks: one-stage leads or is level to 4096 tokens (split up to 10% ahead
-#   at 4096 with FP8 per token, but one-stage stays ahead of the unfused
-#   steps) and leads at 8192 (1.06-1.24x the unfused steps, split 0.80-0.90x);
+# 4 ranks: one-stage leads or is level to 4096 tokens (split 1-10% ahead at
+#   4096 with quantization, but one-stage stays ahead of the unfused steps)
+#   and leads at 8192 (1.06-1.24x the unfused steps, split 0.80-0.90x);
 # 8 ranks: one-stage leads to 64 tokens (512 KiB), split at 128-256 (2 MiB,
 #   1.0-1.1x the unfused steps), the unfused steps from 1024 tokens (where
 #   one-stage and split take 1.5-2.1x as long, and more beyond).
