@@ -235,7 +235,7 @@ PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Colum
       const uint32_t col = c.col[p];
       uint8_t *scales = static_cast<uint8_t *>(a.scales) + row * (a.hidden / kMxBlock);
       if ((col & (block_packs - 1)) == 0) scales[col >> block_shift] = uint8_t(shared + 127);
-      // -shared is in [-125, 127]: one rounding of the product by a normal
+      // -shared is in [-126, 127]: one rounding of the product by a normal
       // power of two is ldexpf(v, -shared).
       const float unscale = pow2(-shared);
       typename Word<L / 2>::type word = 0;

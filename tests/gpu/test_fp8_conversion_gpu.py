@@ -7,6 +7,8 @@ tests/test_quant_encoders.py checks against the numpy references on the host. He
 are compared on the GPU over all 2**32 bit patterns (NaNs aside), so the hardware codes are
 the references' too.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -29,7 +31,16 @@ def _mismatches(kernels, fnuz):
     return int(out[0]), np.uint32(out[1] & 0xFFFFFFFF).view(np.float32)
 
 
+def _converts_in_hardware():
+    """NVIDIA sm_89 and later: elsewhere the pair is the software encoder itself."""
+    arch = re.match(r"sm_(\d+)", hip.Device(hip.get_device()).arch)
+    return hip.platform() == "cuda" and arch is not None and int(arch.group(1)) >= 89
+
+
 def test_e4m3fn_pair_is_the_software_encoder_for_every_float32(kernels):
+    if not _converts_in_hardware():
+        pytest.skip("this GPU has no E4M3 conversion instruction: encode_e4m3fn_pair is "
+                    "encode_e4m3 twice, nothing to compare")
     count, example = _mismatches(kernels, fnuz=False)
     assert count == 0, f"{count} float32 values encode differently, e.g. {example!r}"
 
