@@ -105,10 +105,10 @@ int main(int argc, char **argv) {
 """
 
 # argv: FORMAT (bfloat16 or float16), FNUZ (0 or 1), QUOTIENT (fp8_quotient, or product: the
-# uncorrected v * inverse, the positive control).  For every non-negative finite amax of the
-# format and every v of the format with |v| <= amax, compares the FP8 code of QUOTIENT with
-# that of __fdiv_rn(v, scale), scale = fp8_scale(amax, FNUZ).  Prints "pairs N differ M" and
-# the first differences.
+# uncorrected v * inverse, the positive control).  For every non-negative amax of the format,
+# infinity included (a group that overflowed), and every finite v of the format with
+# |v| <= amax, compares the FP8 code of QUOTIENT with that of __fdiv_rn(v, scale), scale =
+# fp8_scale(amax, FNUZ).  Prints "pairs N differ M" and the first differences.
 QUOTIENT_HARNESS = r"""
 #include <cstdio>
 #include <cstring>
@@ -135,13 +135,13 @@ int main(int argc, char **argv) {
   const bool bfloat16 = std::strcmp(argv[1], "bfloat16") == 0;
   const bool fnuz = std::strcmp(argv[2], "1") == 0;
   const bool corrected = std::strcmp(argv[3], "fp8_quotient") == 0;
-  const uint16_t largest = bfloat16 ? 0x7F7F : 0x7BFF;  // positive finite values are 0..largest
+  const uint16_t infinity = bfloat16 ? 0x7F80 : 0x7C00;  // 0..infinity: every positive value
   unsigned long long pairs = 0, differ = 0;
-  for (uint32_t m = 0; m <= largest; ++m) {
+  for (uint32_t m = 0; m <= infinity; ++m) {
     const float scale = pyar::fp8_scale(from_bits(uint16_t(m), bfloat16), fnuz);
     const pyar::Fp8Divisor divisor = pyar::fp8_divisor(scale);
     const float inverse = __fdiv_rn(1.0f, scale);
-    for (uint32_t b = 0; b <= m; ++b) {
+    for (uint32_t b = 0; b <= m && b < infinity; ++b) {  // finite v: inf / inf is NaN
       const float value = from_bits(uint16_t(b), bfloat16), signs[2] = {value, -value};
       for (const float v : signs) {
         const float got = corrected ? pyar::fp8_quotient(v, divisor) : v * inverse;
@@ -402,7 +402,7 @@ def test_fp8_scale_matches_quantize_fp8_per_token(encoders, fp8):
 def test_fp8_quotient_is_the_division_for_every_16_bit_value(quotient_check, fmt, fnuz):
     """The fused kernels divide 16-bit rows by their FP8 scale with fp8_quotient instead of
     __fdiv_rn: the FP8 codes of the two agree for every value v and group maximum
-    amax >= |v| of the format (about 10**9 pairs), so the change keeps the codes of the
+    amax >= |v| of the format, infinity included (about 10**9 pairs), so the change keeps the codes of the
     kernels' correctly rounded float32 division (the references divide in float64, which
     differs only near ties: pyar.quant.reference)."""
     pairs, differ, output = quotient_check(fmt, fnuz, "fp8_quotient")

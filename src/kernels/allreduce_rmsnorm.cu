@@ -219,10 +219,7 @@ PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Colum
       typename Word<L>::type word = 0;
 #pragma unroll
       for (int j = 0; j < L; j += 2)
-        word |= typename Word<L>::type(fnuz ? encode_e4m3(x[j], true) |
-                                                  encode_e4m3(x[j + 1], true) << 8
-                                            : encode_e4m3fn_pair(x[j], x[j + 1]))
-                << (8 * j);
+        word |= typename Word<L>::type(encode_e4m3_pair(x[j], x[j + 1], fnuz)) << (8 * j);
       reinterpret_cast<typename Word<L>::type *>(a.q + row * a.hidden)[col] = word;
     }
   } else {

@@ -43,18 +43,19 @@ PYAR_DEVICE uint32_t encode_e4m3(float v, bool fnuz) {
   return code | (sign << 7);
 }
 
-// The E4M3FN codes of two values, a's in the low byte.  sm_89 and later
-// convert a pair in one instruction (round to nearest even, saturating to the
-// largest finite value): encode_e4m3's definition, which
+// The E4M3 codes of two values, a's in the low byte.  sm_89 and later
+// convert an E4M3FN pair in one instruction (round to nearest even,
+// saturating to the largest finite value): encode_e4m3's definition, which
 // tests/gpu/test_fp8_conversion_gpu.py checks for every float32 on the GPU.
-PYAR_DEVICE uint32_t encode_e4m3fn_pair(float a, float b) {
+PYAR_DEVICE uint32_t encode_e4m3_pair(float a, float b, bool fnuz) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint16_t codes;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(codes) : "f"(b), "f"(a));
-  return codes;
-#else
-  return encode_e4m3(a, false) | (encode_e4m3(b, false) << 8);
+  if (!fnuz) {
+    uint16_t codes;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(codes) : "f"(b), "f"(a));
+    return codes;
+  }
 #endif
+  return encode_e4m3(a, fnuz) | (encode_e4m3(b, fnuz) << 8);
 }
 
 PYAR_DEVICE float fp8_max(bool fnuz) { return fnuz ? 240.0f : 448.0f; }
@@ -81,7 +82,11 @@ struct Fp8Divisor {
 
 PYAR_DEVICE Fp8Divisor fp8_divisor(float scale) {
   const float lift = scale < pow2(-60) ? pow2(64) : 1.0f;
-  return {scale * lift, __fdiv_rn(1.0f, scale * lift), lift};
+  const float lifted = scale * lift;
+  // A group that overflowed to infinity has inverse 0; its correction must be
+  // 0 too (not 0 * inf = NaN), so that finite values give +-0 as __fdiv_rn does.
+  const float infinity = __uint_as_float(0x7f800000u);
+  return {lifted == infinity ? 0.0f : lifted, __fdiv_rn(1.0f, lifted), lift};
 }
 
 PYAR_DEVICE float fp8_quotient(float v, const Fp8Divisor &d) {

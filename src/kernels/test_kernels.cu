@@ -58,7 +58,7 @@ __global__ void pyar_test_spin(uint64_t ns) {
 }
 
 // Counts the float32 values, NaNs aside, whose E4M3FN codes from
-// encode_e4m3fn_pair (v and -v as a pair) differ from encode_e4m3's with the
+// encode_e4m3_pair (v and -v as a pair) differ from encode_e4m3's with the
 // given `fnuz` (1: the comparison's positive control), and stores one of them.
 __global__ void pyar_test_e4m3fn_pair_mismatches(uint32_t fnuz, unsigned long long *count,
                                                  uint32_t *example) {
@@ -68,7 +68,7 @@ __global__ void pyar_test_e4m3fn_pair_mismatches(uint32_t fnuz, unsigned long lo
     const float v = __uint_as_float(uint32_t(i));
     if (v != v) continue;
     const uint32_t software = pyar::encode_e4m3(v, fnuz) | pyar::encode_e4m3(-v, fnuz) << 8;
-    if (pyar::encode_e4m3fn_pair(v, -v) != software) {
+    if (pyar::encode_e4m3_pair(v, -v, false) != software) {
       ++found;
       *example = uint32_t(i);
     }

@@ -1,7 +1,7 @@
 """The FP8 conversion of the fused kernels on the GPU, for every float32 value.
 
 On NVIDIA sm_89 and later the kernels encode E4M3FN codes a pair at a time in hardware
-(``encode_e4m3fn_pair`` in src/kernels/pyar_quant.h, one ``cvt.rn.satfinite`` instruction);
+(``encode_e4m3_pair`` in src/kernels/pyar_quant.h, one ``cvt.rn.satfinite`` instruction);
 elsewhere the pair is two calls of the software encoder ``encode_e4m3``, which
 tests/test_quant_encoders.py checks against the numpy references on the host. Here the two
 are compared on the GPU over all 2**32 bit patterns (NaNs aside), so the hardware codes are
@@ -39,7 +39,7 @@ def _converts_in_hardware():
 
 def test_e4m3fn_pair_is_the_software_encoder_for_every_float32(kernels):
     if not _converts_in_hardware():
-        pytest.skip("this GPU has no E4M3 conversion instruction: encode_e4m3fn_pair is "
+        pytest.skip("this GPU has no E4M3 conversion instruction: encode_e4m3_pair is "
                     "encode_e4m3 twice, nothing to compare")
     count, example = _mismatches(kernels, fnuz=False)
     assert count == 0, f"{count} float32 values encode differently, e.g. {example!r}"
