@@ -402,9 +402,9 @@ def test_fp8_scale_matches_quantize_fp8_per_token(encoders, fp8):
 def test_fp8_quotient_is_the_division_for_every_16_bit_value(quotient_check, fmt, fnuz):
     """The fused kernels divide 16-bit rows by their FP8 scale with fp8_quotient instead of
     __fdiv_rn: the FP8 codes of the two agree for every value v and group maximum
-    amax >= |v| of the format, infinity included (about 10**9 pairs), so the change keeps the codes of the
-    kernels' correctly rounded float32 division (the references divide in float64, which
-    differs only near ties: pyar.quant.reference)."""
+    amax >= |v| of the format, infinity included (about 10**9 pairs), so the change keeps
+    the codes of the kernels' correctly rounded float32 division (the references divide in
+    float64, which differs only near ties: pyar.quant.reference)."""
     pairs, differ, output = quotient_check(fmt, fnuz, "fp8_quotient")
     assert pairs > 10**9 and differ == 0, output
 
