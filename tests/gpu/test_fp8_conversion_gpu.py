@@ -1,4 +1,5 @@
-"""The FP8 conversion of the fused kernels on the GPU, for every float32 value.
+"""The FP8 conversion of the fused kernels on the GPU, for every float32 value, and
+the codes of a group whose maximum is infinite.
 
 On NVIDIA sm_89 and later the kernels encode E4M3FN codes a pair at a time in hardware
 (``encode_e4m3_pair`` in src/kernels/pyar_quant.h, one ``cvt.rn.satfinite`` instruction);
@@ -9,10 +10,13 @@ the references' too.
 """
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
+import pyar
 import pyar._hip as hip
+from pyar.comm import rmsnorm
 
 pytestmark = pytest.mark.gpu
 
@@ -50,3 +54,33 @@ def test_e4m3fn_pair_check_finds_other_codes(kernels):
     comparison finds most values."""
     count, example = _mismatches(kernels, fnuz=True)
     assert count > 2**31, count
+
+
+@pytest.mark.parametrize("fp8_dtype", rmsnorm.FP8_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("quant", ["fp8_per_token", "fp8_per_group"])
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+def test_a_group_holding_infinity_gets_zero_codes(dtype, quant, fp8_dtype):
+    """A group whose maximum is infinite gets an infinite scale and the +-0 codes the
+    division v / inf gives for its finite values (not NaN, which 0 * inf in the quotient's
+    correction term would give); every other group is quantized as without it."""
+    tokens, hidden, group = 4, 1024, 128
+    finite = np.random.default_rng(7).standard_normal((tokens, hidden)).astype(dtype)
+    holes = [(1, 300, np.inf), (2, 5, -np.inf)]
+    with_inf = finite.copy()
+    for row, column, value in holes:
+        with_inf[row, column] = value
+    q_inf, s_inf = (a.get() for a in rmsnorm.quantize(pyar.asarray(with_inf), quant, group,
+                                                       fp8_dtype))
+    q_fin, s_fin = (a.get() for a in rmsnorm.quantize(pyar.asarray(finite), quant, group,
+                                                       fp8_dtype))
+    width = hidden if quant == "fp8_per_token" else group
+    hit = np.zeros((tokens, hidden), bool)
+    for row, column, _ in holes:
+        hit[row, column // width * width:(column // width + 1) * width] = True
+        assert s_inf[row, column // width] == np.inf, (row, s_inf[row])
+    codes, expected = q_inf.view(np.uint8), q_fin.view(np.uint8)
+    assert np.array_equal(codes[~hit], expected[~hit])
+    assert np.array_equal(s_inf[np.isfinite(s_inf)], s_fin[np.isfinite(s_inf)])
+    zeros = (np.copysign(0.0, finite.astype(np.float64))).astype(fp8_dtype).view(np.uint8)
+    hit[[r for r, _, _ in holes], [c for _, c, _ in holes]] = False  # inf / inf: unspecified
+    assert np.array_equal(codes[hit], zeros[hit]), np.unique(codes[hit])
