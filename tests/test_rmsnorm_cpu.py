@@ -458,6 +458,25 @@ def test_row_launch_takes_one_block_per_row_at_most():
     assert rmsnorm.row_launch(1, 4096, 2, 1024, 40, 256).blocks == 1
 
 
+@pytest.mark.parametrize("hidden, dtype, quant, per_thread, threads", [
+    (4096, BF16, "fp8_per_token", 2, 256),  # 512 packs: paired
+    (7168, BF16, "fp8_per_group", 2, 448),
+    (7168, BF16, "mxfp4", 1, 896),          # MXFP4 rows keep the fewest
+    (2048, F32, "fp8_per_group", 2, 256),
+    (4096, BF16, None, 1, 512),             # plain rows keep the fewest
+    (4088, BF16, "fp8_per_token", 1, 512),  # 511 packs
+    (16384, BF16, "fp8_per_token", 2, 1024),
+    (16384, F32, "fp8_per_group", 4, 1024),
+    (16384, F32, "mxfp4", 4, 1024)])
+def test_local_kernels_pair_the_packs_of_wide_fp8_rows(hidden, dtype, quant, per_thread,
+                                                        threads):
+    got = _row_kernels().local_launch(10**6, hidden, dtype, rmsnorm.quant_code(quant), 264)
+    assert (got.packs_per_thread, got.threads) == (per_thread, threads)
+    # The cap is the fused kernels' one, in blocks of half the most threads.
+    assert got == rmsnorm.row_launch(10**6, hidden, dtype.itemsize, LAYOUT.max_row_threads, 264,
+                                     10**6, least_per_thread=per_thread)
+
+
 def test_local_kernels_take_what_row_kernels_pass(source, dev):
     entries = _local_entries(source)
     assert sorted(entries) == sorted(

@@ -30,6 +30,15 @@ KERNEL_KINDS = {0: "plain", 1: "fp8", 2: "mxfp4"}
 # Row blocks are whole multiples of the widest warp (AMD's 64 lanes), so
 # every warp of a block is full for its shuffles.
 ROW_THREAD_QUANTUM = 64
+# Rows of at least this many packs: the single-GPU kernels that quantize to
+# FP8 take two packs a thread (quantize and add_rmsnorm with an FP8 quant=; a
+# row's outputs have the same bits at any packs per thread).  On an H100 at
+# hidden 4096 and 7168 bf16, 1024-8192 tokens, that made FP8 per-token
+# quantize 16-27% faster, per-group quantize 2-11% and add_rmsnorm with FP8
+# per token 1-12% (per group: -4% to +3%), where MXFP4 quantize lost 2-12%
+# and plain add_rmsnorm gained 0-6% at 4096 and lost 4-5% at 7168, so those
+# keep the fewest.
+PAIRED_ROW_PACKS = 512
 _ROW_TYPES = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "uint32", "uint32")
 # The fused kernels: input table, pack offset, the input to stage (0: read
 # the table as it is), tokens, the row arguments, state, timeout, signature,
@@ -87,11 +96,12 @@ suffix), and ``blocks``, each taking rows b, b + blocks, ..."""
 
 
 def row_launch(tokens, hidden, itemsize, max_row_threads, block_cap, max_blocks,
-               cap_threads=None):
+               cap_threads=None, least_per_thread=1):
     """The launch geometry of every row kernel (fused, add_rmsnorm, quantize)
     for ``tokens`` rows of ``hidden`` elements of ``itemsize`` bytes.
 
-    Packs per thread: the fewest (a power of two) that keep a row within
+    Packs per thread: the fewest (a power of two, at least
+    ``least_per_thread``) that keep a row within
     ``max_row_threads`` threads; threads: the row's packs over that, rounded
     up to ROW_THREAD_QUANTUM.  ``block_cap`` counts blocks of ``cap_threads``
     threads (default max_row_threads / 2, the all-reduce kernels' blocks)
@@ -101,7 +111,7 @@ def row_launch(tokens, hidden, itemsize, max_row_threads, block_cap, max_blocks,
     most one block per row and at most ``max_blocks``."""
     cap_threads = max_row_threads // 2 if cap_threads is None else cap_threads
     packs = hidden * itemsize // PACK_BYTES
-    per_thread = 1
+    per_thread = least_per_thread
     while -(-packs // per_thread) > max_row_threads:
         per_thread *= 2
     threads = -(-packs // per_thread)
@@ -323,6 +333,16 @@ class RowKernels:
         return row_launch(tokens, hidden, np.dtype(dtype).itemsize, self.layout.max_row_threads,
                           block_cap, max_blocks, cap_threads)
 
+    def local_launch(self, tokens, hidden, dtype, quant_code, max_blocks):
+        """row_launch of a single-GPU kernel, whose cap is ``max_blocks`` of
+        half-size blocks: two packs a thread for FP8 rows of PAIRED_ROW_PACKS
+        or more."""
+        itemsize = np.dtype(dtype).itemsize
+        paired = (KERNEL_KINDS[quant_code & 0xF] == "fp8"
+                  and hidden * itemsize // PACK_BYTES >= PAIRED_ROW_PACKS)
+        return row_launch(tokens, hidden, itemsize, self.layout.max_row_threads, max_blocks,
+                          tokens, least_per_thread=2 if paired else 1)
+
     def add_rmsnorm(self, call, stream, max_blocks, s=None):
         """Queues the add + RMSNorm (+ quantization) of ``call`` on the sums
         ``s`` (``call.x`` when None; may be ``call.out`` itself)."""
@@ -340,7 +360,8 @@ class RowKernels:
         ``failed_ptr``: split's, the Signal word that makes the kernel write
         nothing after a first kernel that failed."""
         # Nothing here waits for a peer: blocks beyond the resident ones just queue.
-        geometry = self.launch(count, call.hidden, call.x.dtype, max_blocks, count)
+        geometry = self.local_launch(count, call.hidden, call.x.dtype, call.quant_code,
+                                     max_blocks)
         function = self.function(
             f"pyar_add_rmsnorm_{kernel_suffix(call.x.dtype, call.quant_code, geometry)}",
             ADD_RMSNORM_TYPES)
@@ -351,7 +372,7 @@ class RowKernels:
         tokens, hidden = y.shape
         if tokens == 0:
             return
-        geometry = self.launch(tokens, hidden, y.dtype, max_blocks, tokens)
+        geometry = self.local_launch(tokens, hidden, y.dtype, quant.code, max_blocks)
         function = self.function(f"pyar_quantize_{kernel_suffix(y.dtype, quant.code, geometry)}",
                                  ("ptr", "uint64", "uint32", "ptr", "ptr", "uint32", "uint32"))
         function.launch(geometry.blocks, geometry.threads,

@@ -112,35 +112,53 @@ PYAR_DEVICE Pack16 round_pack(float (&v)[Lanes<T>::kCount]) {
   return out;
 }
 
-// Block-wide sum or max of one value per thread, with one __syncthreads: warp
-// shuffles, then every thread adds the warps' results from shared memory in
-// warp order (the same bits everywhere).  The shared slots alternate between
-// two halves, so the next reduction writes the other half while slow threads
+// Block-wide sums and maxima with one __syncthreads each: warp shuffles,
+// then every thread combines the warps' results from shared memory in order
+// (the same bits everywhere).  A sum takes one value per pack a thread owns
+// and reduces each pack's values on their own: warp w's values of pack p
+// are those of the row's packs from p * B + w * kWarpSize on (B a multiple
+// of the warp size), so adding the slots in index order adds the row's
+// warp-wide runs of packs in column order, as with one pack per thread.
+// So a row's sum of squares, and its outputs, have the same bits at every
+// P, and the fused kernels and the single-GPU steps may launch a row with
+// different packs per thread.  The shared slots alternate between two
+// halves, so the next reduction writes the other half while slow threads
 // still read this one; the one after it writes this half again only after
 // its own __syncthreads, which every thread reaches after reading.
+template <int P>
 struct BlockReduce {
-  static constexpr int kMaxWarps = kMaxRowThreads / 32;
-  float (*slots)[kMaxWarps];
+  static constexpr int kMaxSlots = P * kMaxRowThreads / kWarpSize;
+  float (*slots)[kMaxSlots];
   uint32_t turn;
 
   PYAR_DEVICE BlockReduce() : turn(0) {
-    __shared__ float shared[2][kMaxWarps];
+    __shared__ float shared[2][kMaxSlots];
     slots = shared;
   }
-  template <bool kMax>
-  PYAR_DEVICE float run(float v) {
+  PYAR_DEVICE float sum(const float (&v)[P]) { return run<false>(v); }
+  PYAR_DEVICE float maximum(float v) {
+    const float one[1] = {v};
+    return run<true>(one);
+  }
+
+ private:
+  template <bool kMax, int N>
+  PYAR_DEVICE float run(const float (&v)[N]) {
+    float *slot = slots[turn++ & 1u];
+    const uint32_t warps = blockDim.x / kWarpSize;
 #pragma unroll
-    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
-      const float other = shuffle_xor(v, mask);
-      v = kMax ? fmaxf(v, other) : v + other;
+    for (int p = 0; p < N; ++p) {
+      float x = v[p];
+#pragma unroll
+      for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
+        const float other = shuffle_xor(x, mask);
+        x = kMax ? fmaxf(x, other) : x + other;
+      }
+      if (lane_id() == 0) slot[p * warps + threadIdx.x / kWarpSize] = x;
     }
-    float *slot = slots[turn & 1u];
-    ++turn;
-    if (lane_id() == 0) slot[threadIdx.x / kWarpSize] = v;
     __syncthreads();
     float total = slot[0];
-    const uint32_t warps = blockDim.x / kWarpSize;
-    for (uint32_t w = 1; w < warps; ++w) total = kMax ? fmaxf(total, slot[w]) : total + slot[w];
+    for (uint32_t w = 1; w < N * warps; ++w) total = kMax ? fmaxf(total, slot[w]) : total + slot[w];
     return total;
   }
 };
@@ -181,7 +199,7 @@ struct ScaleGroups {
 template <typename T, int P, int Q>
 PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Columns<P> &c,
                               uint64_t row, const RowArgs &a, const ScaleGroups &groups,
-                              BlockReduce &reduce) {
+                              BlockReduce<P> &reduce) {
   constexpr int L = Lanes<T>::kCount;
   float amax[P];
 #pragma unroll
@@ -197,7 +215,7 @@ PYAR_DEVICE void quantize_row(const float (&v)[P][Lanes<T>::kCount], const Colum
       float m = amax[0];
 #pragma unroll
       for (int p = 1; p < P; ++p) m = fmaxf(m, amax[p]);
-      m = reduce.run<true>(m);
+      m = reduce.maximum(m);
 #pragma unroll
       for (int p = 0; p < P; ++p) amax[p] = m;
     } else {
@@ -264,10 +282,10 @@ struct RowContext {
 template <typename T, int P, int Q>
 PYAR_DEVICE void finish_row(float (&v)[P][Lanes<T>::kCount], const Pack16 (&res)[P],
                             const RowContext<T, P> &ctx, uint64_t row, const RowArgs &a,
-                            BlockReduce &reduce) {
+                            BlockReduce<P> &reduce) {
   constexpr int L = Lanes<T>::kCount;
   const Columns<P> &c = ctx.cols;
-  float squares = 0.f;
+  float squares[P];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     float rv[L];
@@ -275,15 +293,16 @@ PYAR_DEVICE void finish_row(float (&v)[P][Lanes<T>::kCount], const Pack16 (&res)
 #pragma unroll
     for (int j = 0; j < L; ++j) v[p][j] += rv[j];
     const Pack16 r = round_pack<T>(v[p]);  // y is the norm of the stored residual
-    float sq = 0.f;
+    squares[p] = 0.f;
 #pragma unroll
-    for (int j = 0; j < L; ++j) sq += v[p][j] * v[p][j];
+    for (int j = 0; j < L; ++j) squares[p] += v[p][j] * v[p][j];
     if (c.holds(p)) {
-      squares += sq;
       a.residual_out[c.at(row, p)] = r;
+    } else {
+      squares[p] = 0.f;
     }
   }
-  const float inv_rms = 1.0f / sqrtf(reduce.run<false>(squares) / float(a.hidden) + a.eps);
+  const float inv_rms = 1.0f / sqrtf(reduce.sum(squares) / float(a.hidden) + a.eps);
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     float wv[L];
@@ -432,7 +451,7 @@ PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
                            const RowContext<T, P> &ctx, ResidualRow<T, P> res) {
   constexpr bool kAhead = P == 1;
   if (blockIdx.x >= tokens) return;
-  BlockReduce reduce;
+  BlockReduce<P> reduce;
   uint64_t row = blockIdx.x;
   typename Rows::Raw raw = rows.load(ctx.cols, row);
   for (;;) {
@@ -657,7 +676,7 @@ PYAR_DEVICE void quantize(const Pack16 *y, uint64_t tokens, const RowArgs &a) {
   if (blockIdx.x >= tokens) return;
   const RowContext<T, P> ctx(a);
   const ArrayRows<T, P, false> rows{y};
-  BlockReduce reduce;
+  BlockReduce<P> reduce;
   uint64_t row = blockIdx.x;
   auto raw = rows.load(ctx.cols, row);
   for (;;) {
