@@ -33,11 +33,11 @@ ROW_THREAD_QUANTUM = 64
 # Rows of at least this many packs: the single-GPU kernels that quantize to
 # FP8 take two packs a thread (quantize and add_rmsnorm with an FP8 quant=; a
 # row's outputs have the same bits at any packs per thread).  On an H100 at
-# hidden 4096 and 7168 bf16, 1024-8192 tokens, that made FP8 per-token
-# quantize 16-27% faster, per-group quantize 2-11% and add_rmsnorm with FP8
-# per token 1-12% (per group: -4% to +3%), where MXFP4 quantize lost 2-12%
-# and plain add_rmsnorm gained 0-6% at 4096 and lost 4-5% at 7168, so those
-# keep the fewest.
+# hidden 4096 and 7168 bf16, 1024-8192 tokens, two packs took 0.73-0.84x the
+# time of one for FP8 per-token quantize, 0.89-0.98x per group, 0.88-0.99x for
+# add_rmsnorm with FP8 per token (per group up to 1.04x at some sizes); MXFP4
+# quantize took 1.02-1.12x and plain add_rmsnorm 0.91-1.05x (two runs), so
+# those keep the fewest.
 PAIRED_ROW_PACKS = 512
 _ROW_TYPES = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "uint32", "uint32")
 # The fused kernels: input table, pack offset, the input to stage (0: read
