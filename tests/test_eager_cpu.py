@@ -313,7 +313,7 @@ def fake_cupy(monkeypatch):
     return current
 
 
-def view_of(obj):
+def view_of(obj, stream=None):
     return pyar.DeviceArray.from_pointer(obj.data.ptr, obj.shape, obj.dtype, owner=obj,
                                          device=0)
 
@@ -353,7 +353,7 @@ def test_other_libraries_are_not_remembered():
 def test_a_foreign_array_takes_the_replay(comm, fake_cupy, monkeypatch):
     parsed = []
 
-    def asarray(obj):
+    def asarray(obj, stream=None):
         parsed.append(obj)
         return view_of(obj)
 
@@ -369,6 +369,25 @@ def test_a_foreign_array_takes_the_replay(comm, fake_cupy, monkeypatch):
     fake_cupy.ptr = 0x99  # CuPy's current stream moved: ordering is the checks' job
     comm.allreduce(x, out=y)
     assert comm.prepared == 2
+
+
+def test_a_foreign_arrays_producer_is_ordered_before_the_calls_stream(comm, fake_cupy,
+                                                                      monkeypatch):
+    """The checks view a foreign input and output for the call's stream, so
+    that their producer orders its pending work before the call's kernels
+    (``__dlpack__(stream=...)`` through asarray); CuPy's current stream is
+    another one here, so every call is checked."""
+    asked = []
+    monkeypatch.setattr(communicator, "asarray",
+                        lambda obj, stream=None: asked.append((obj, stream)) or view_of(obj))
+    monkeypatch.setattr(_eager, "stream_is_capturing", lambda handle: False)
+    comm.world = 1  # no input table: no stream is asked whether it captures
+    x, y = FakeCupyArray(X), FakeCupyArray(Y)
+    fake_cupy.ptr = 0x99
+    for _ in range(2):
+        comm.allreduce(x, out=y, stream=0x5555)
+    assert asked == [(x, 0x5555), (y, 0x5555)] * 2 and comm.prepared == 2
+    assert comm.copies == [(Y, X, 2000)] * 2
 
 
 def test_a_foreign_array_moved_under_the_last_call_is_checked(comm, fake_cupy, monkeypatch):
@@ -409,7 +428,7 @@ def test_the_last_call_asks_the_current_stream_once_and_probes_each_array(
     comm.allreduce(x, out=y)  # planned before: found by its key
     assert comm.prepared == 2
 
-    def checked(obj):
+    def checked(obj, stream=None):
         if not hasattr(obj.data, "ptr"):
             raise TypeError("reported by the checks")
         return view_of(obj)

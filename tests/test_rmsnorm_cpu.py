@@ -1158,6 +1158,32 @@ def test_host_arrays_are_refused(dev):
         _call(dev, residual=np.zeros((4, 2880), BF16))
 
 
+def test_foreign_arrays_are_ordered_before_the_calls_stream(dev, monkeypatch):
+    """Each foreign array, input or output, is viewed for the call's stream:
+    its producer orders its pending work before the kernels (asarray's
+    ``stream``, which DLPack and the array interface pass on)."""
+    views = {}
+    asked = []
+
+    def asarray(obj, stream=None):
+        asked.append((obj, stream))
+        return views[obj]
+
+    monkeypatch.setattr(rmsnorm, "asarray", asarray)
+    names = ("x", "residual", "weight", "out", "residual_out", "quantized", "scales")
+    shapes = [((4, 2880), BF16)] * 2 + [((2880,), BF16)] + [((4, 2880), BF16)] * 2
+    shapes += [((4, 2880), E4M3FN), ((4, 1), F32)]
+    foreign = {name: object() for name in names}
+    views.update({foreign[name]: dev(*shape) for name, shape in zip(names, shapes)})
+    stream = 0x5555
+    rmsnorm.RowCall(*(foreign[name] for name in names[:3]), 1e-6, foreign["out"],
+                    foreign["residual_out"], "fp8_per_token", 128, E4M3FN,
+                    foreign["quantized"], foreign["scales"], stream, 0, LAYOUT)
+    name_of = {id(obj): name for name, obj in foreign.items()}
+    assert sorted((name_of[id(obj)], s) for obj, s in asked) == sorted(
+        (name, stream) for name in names)
+
+
 @pytest.mark.parametrize("shape, dtype", [((4, 2872), BF16), ((3, 2880), BF16), ((4, 2880), F16),
                                           ((11520,), BF16)])
 def test_out_with_wrong_shape_or_dtype(dev, shape, dtype):

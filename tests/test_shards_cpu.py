@@ -388,7 +388,7 @@ def test_a_replay_asks_the_current_stream_of_each_device(monkeypatch):
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
         current_stream=lambda device: types.SimpleNamespace(cuda_stream=streams[device])))
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(communicator, "asarray", lambda t: pyar.DeviceArray.from_pointer(
+    monkeypatch.setattr(communicator, "asarray", lambda t, stream=None: pyar.DeviceArray.from_pointer(
         t.ptr, t.shape, t.dtype, owner=t, device=t.device))
     model = Model(4, 1 << 16, monkeypatch)
     comm = model.current = model.ranks[3]

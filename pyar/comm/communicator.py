@@ -394,13 +394,16 @@ class Communicator(_eager.EagerCalls):
 
     # --- arrays -----------------------------------------------------------------
 
-    def _device_array(self, x, what):
+    def _device_array(self, x, what, stream=None):
+        """``x`` as a DeviceArray; a foreign array's producer orders its
+        pending work before ``stream``, where the call's kernels read and
+        write it (the DLPack and array-interface contract)."""
         if isinstance(x, np.ndarray):
             raise TypeError(f"{what} is a host (numpy) array; copy it to the GPU with "
                             "pyar.asarray first")
         given = x
         if not isinstance(x, DeviceArray):
-            x = asarray(x)
+            x = asarray(x, stream=stream)
         if x.dtype not in _KERNEL_TYPES:
             raise TypeError(f"{what} has dtype {x.dtype}; all-reduce supports "
                             f"{', '.join(str(d) for d in _KERNEL_TYPES)}")
@@ -428,7 +431,7 @@ class Communicator(_eager.EagerCalls):
             # Ordered on the call's stream, the null stream included: dropping
             # the result frees it there, without waiting for the device.
             return empty(shape, dtypes[0], stream=_hip.as_stream(stream))
-        out = self._device_array(out, "out")
+        out = self._device_array(out, "out", stream)
         fits = out.size == int(np.prod(shape)) if any_shape else out.shape == shape
         if not fits or out.dtype not in dtypes:
             elements = f" ({int(np.prod(shape))} elements)" if any_shape else ""
@@ -577,7 +580,7 @@ class Communicator(_eager.EagerCalls):
     def _prepare(self, x, out, algo, stream):
         """The call's arrays, algorithm and input table (None: staged)."""
         algorithms.validate(algo)
-        x = self._device_array(x, "x")
+        x = self._device_array(x, "x", stream)
         out = self._output(x, out, stream)
         if self.world == 1 or x.size == 0:
             return x, out, algo, None
@@ -700,7 +703,7 @@ class Communicator(_eager.EagerCalls):
 
     def _prepare_reduce_scatter(self, x, out, stream):
         """The call's arrays and input table (None: staged)."""
-        x = self._device_array(x, "x")
+        x = self._device_array(x, "x", stream)
         length = shards.length(x.size, self.world, x.dtype.itemsize, self.rank)
         dtypes = _reduce_scatter_outputs(x.dtype)
         if self.world == 1 and x.dtype != _FLOAT32:
@@ -777,13 +780,13 @@ class Communicator(_eager.EagerCalls):
 
     def _prepare_all_gather(self, x, out, stream, n):
         """The call's arrays and input table (None: staged)."""
-        x = self._device_array(x, "x")
+        x = self._device_array(x, "x", stream)
         itemsize = x.dtype.itemsize
         if n is None:
             if out is None:
                 raise TypeError("all_gather needs out= or n= (the whole array's element "
                                 "count), which the shard lengths do not tell")
-            out = self._device_array(out, "out")
+            out = self._device_array(out, "out", stream)
             n = out.size
         elif isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"n must be a non-negative int, got {n!r}")

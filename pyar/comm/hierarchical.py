@@ -242,7 +242,7 @@ class HierarchicalCommunicator:
         source = _hip.as_stream(stream)
         if source.handle and source.is_capturing:
             raise CaptureError(self._capture_message())
-        x = self.local._device_array(x, "x")
+        x = self.local._device_array(x, "x", stream)
         out = self.local._output(x, out, stream)
         if self._everyone is not None:
             with self._everyone.step("allreduce (PYAR_DEBUG check)"):
@@ -361,7 +361,7 @@ class HierarchicalCommunicator:
         if algo != "auto":
             raise ValueError(f"algo={algo!r}: across IPC domains allreduce_rmsnorm is the "
                              "all-reduce, then add + RMSNorm on each GPU: 'auto'")
-        x = self.local._device_array(x, "x")
+        x = self.local._device_array(x, "x", stream)
         sums = out
         if out is None:
             if self._sums is None or self._sums.nbytes < x.nbytes:

@@ -171,12 +171,14 @@ class Quantization:
         return group_size
 
 
-def _device_array(x, what, device):
+def _device_array(x, what, device, stream):
+    # As Communicator._device_array: a foreign producer orders its pending
+    # work before ``stream``, where the kernels use the array.
     if isinstance(x, np.ndarray):
         raise TypeError(f"{what} is a host (numpy) array; copy it to the GPU with "
                         "pyar.asarray first")
     if not isinstance(x, DeviceArray):
-        x = asarray(x)
+        x = asarray(x, stream=stream)
     if x.size and x.device != device:
         raise ValueError(f"{what} lives on device {x.device}, the call runs on device {device}")
     if x.size and x.ptr % PACK_BYTES:
@@ -208,7 +210,7 @@ def _overlaps(a, b):
 def _output(given, what, shape, dtype, stream, device):
     if given is None:
         return empty(shape, dtype, stream=_hip.as_stream(stream))  # see Communicator._output
-    given = _device_array(given, what, device)
+    given = _device_array(given, what, device, stream)
     if given.shape != shape or given.dtype != dtype:
         raise ValueError(f"{what} has shape {given.shape} and dtype {given.dtype}; expected "
                          f"{shape} and {dtype}")
@@ -222,9 +224,9 @@ class RowCall:
 
     def __init__(self, x, residual, weight, eps, out, residual_out, quant, group_size,
                  fp8_dtype, quantized, scales, stream, device, layout):
-        x = _device_array(x, "x", device)
-        residual = _device_array(residual, "residual", device)
-        weight = _device_array(weight, "weight", device)
+        x = _device_array(x, "x", device, stream)
+        residual = _device_array(residual, "residual", device, stream)
+        weight = _device_array(weight, "weight", device, stream)
         _check_rows(x, "x", "allreduce_rmsnorm")
         for name, a in (("residual", residual), ("weight", weight)):
             if a.dtype != x.dtype:
@@ -417,7 +419,7 @@ def quantize(y, quant, group_size=128, fp8_dtype=None, quantized=None, scales=No
     ``(quantized, scales)``."""
     device = _hip.get_device()
     kernels = _kernels_for(device)
-    y = _device_array(y, "y", device)
+    y = _device_array(y, "y", device, stream)
     _check_rows(y, "y", "quantize")
     tokens, hidden = y.shape
     lanes = _lanes(hidden, y.dtype, kernels.layout)

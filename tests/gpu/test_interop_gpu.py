@@ -318,3 +318,62 @@ def test_foreign_producer_orders_pyar_consumer(dtype, producer, rng, kernels, re
     got = x.get()  # queued on the consumer stream, then waited for
     assert_bitwise_equal(got, host, f"{producer} -> pyar on another stream")
     side.synchronize()
+
+
+@pytest.mark.parametrize("producer", ["cupy", "torch"])
+@pytest.mark.parametrize("ordered", [True, False], ids=["checked", "control-without-stream"])
+def test_collective_orders_a_foreign_producer_before_its_stream(producer, ordered, rng, kernels,
+                                                                request, monkeypatch):
+    """``comm.allreduce(x, out=y, stream=S)`` in a world of one (a copy on
+    S), x and y CuPy or PyTorch arrays whose library works on its stream P:
+    behind a 50 ms delay on P, x is written and y copied to z.  The call's
+    checks view x and y for S, so the copy on S waits for P: y gets the new
+    x and z the old y.  The control views them for no stream (the legacy
+    default, which S does not wait for): the copy runs at once, and y and z
+    both miss their values."""
+    from mpi4py import MPI
+    from pyar.comm import communicator
+    if not ordered:
+        view = communicator.asarray
+        monkeypatch.setattr(communicator, "asarray", lambda obj, stream=None: view(obj))
+    n = 1 << 16
+    new = rng.standard_normal(n).astype(np.float32)
+    old = rng.standard_normal(n).astype(np.float32)
+    call_stream = hip.Stream()
+    with pyar.Communicator(MPI.COMM_WORLD) as comm:
+        if comm.world != 1:
+            pytest.skip("this process is one of several MPI ranks")
+        if producer == "cupy":
+            cupy = request.getfixturevalue("cupy")
+            x, source, y = cupy.zeros(n, cupy.float32), cupy.asarray(new), cupy.asarray(old)
+            z = cupy.zeros_like(y)
+            cupy.cuda.Device().synchronize()
+            side = cupy.cuda.Stream(non_blocking=True)
+            with side:
+                kernels.spin(DELAY_US, stream=side.ptr)
+                x[...] = source
+                z[...] = y
+                comm.allreduce(x, out=y, stream=call_stream)
+            to_host = cupy.asnumpy
+        else:
+            torch = request.getfixturevalue("torch")
+            x, source, y = (torch.zeros(n, device="cuda"), torch_from_host(torch, new),
+                            torch_from_host(torch, old))
+            z = torch.zeros_like(y)
+            torch.cuda.synchronize()
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                kernels.spin(DELAY_US, stream=side.cuda_stream)
+                x.copy_(source)
+                z.copy_(y)
+                comm.allreduce(x, out=y, stream=call_stream)
+            to_host = lambda t: torch_to_host(torch, t)
+        call_stream.synchronize()
+        side.synchronize()
+        got_y, got_z = to_host(y), to_host(z)
+    if ordered:
+        assert_bitwise_equal(got_y, new, f"{producer} input written before the call")
+        assert_bitwise_equal(got_z, old, f"{producer} output read before the call")
+    else:
+        assert not np.array_equal(got_y, new) and not np.array_equal(got_z, old), \
+            "the control ordered the call after the producer: the test cannot fail"

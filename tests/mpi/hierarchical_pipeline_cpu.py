@@ -163,7 +163,7 @@ class FakeLocal:
     def _load_module(self, name):
         return name
 
-    def _device_array(self, x, what):
+    def _device_array(self, x, what, stream=None):
         return x
 
     def _output(self, x, out, stream):
