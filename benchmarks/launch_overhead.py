@@ -24,7 +24,8 @@ ranks): ``comm.allreduce(x, out=y)`` staged and registered, with pyar and
 CuPy arrays, the same call with plans disabled (every check on every call, as
 before plans existed), ``allreduce_rmsnorm`` at one token, a bare
 ``Function.launch`` of the all-reduce kernel and of an empty kernel, a CuPy
-RawKernel launch, the all-reduce replayed from a graph, and a loop of
+RawKernel launch, CuPy's current-stream query alone (which a replay with
+CuPy arrays makes once a call), the all-reduce replayed from a graph, and a loop of
 ``y = comm.allreduce(x)`` (new outputs) against the ``out=y`` loop, timed
 as it is and again queued behind a kernel that keeps the stream busy for
 BUSY_MS: a call that waited for the GPU (a synchronizing allocation or free)
@@ -425,6 +426,10 @@ def _cupy_collective_rows(options, comm, stream, timed, host, nbytes):
             call = lambda x=x: comm.allreduce(x, out=y, stream=stream)
             rows.append(_collective_row(f"comm.allreduce(x, out=y), {name}, CuPy arrays",
                                         "pyar, plan replayed", nbytes, timed(call, ())))
+        # What a replay asks CuPy once a call, alone: its share of the CuPy rows.
+        current = cupy.cuda.get_current_stream
+        rows.append(_collective_row("CuPy's current stream, get_current_stream().ptr",
+                                    "CuPy, host only", 0, timed(lambda: current().ptr, ())))
         external.synchronize()
     return rows
 

@@ -24,23 +24,24 @@ def _torch_probe(obj):
     return obj.data_ptr(), obj.shape, obj.stride(), obj.dtype
 
 
-def _torch_stream(obj):
-    return sys.modules["torch"].cuda.current_stream(obj.device).cuda_stream
+def _torch_stream(torch):
+    current = torch.cuda.current_stream
+    return lambda obj: current(obj.device).cuda_stream
 
 
 def _cupy_probe(obj):
-    return obj.data.ptr, obj.shape, obj.strides, obj.dtype
+    # A CuPy array's data, dtype and strides are read-only; only its shape
+    # may be assigned, and the strides follow the shape.
+    return obj.data.ptr, obj.shape
 
 
-def _cupy_stream(obj):
-    return sys.modules["cupy"].cuda.get_current_stream().ptr
+def _cupy_stream(cupy):
+    current = cupy.cuda.get_current_stream
+    return lambda obj: current().ptr
 
 
+# library -> (probe of an array, maker of the current-stream reader from the module)
 _LIBRARIES = {"torch": (_torch_probe, _torch_stream), "cupy": (_cupy_probe, _cupy_stream)}
-
-
-def _library(obj):
-    return _LIBRARIES.get(type(obj).__module__.partition(".")[0])
 
 
 class ForeignViews:
@@ -48,10 +49,19 @@ class ForeignViews:
 
     def __init__(self):
         self._seen = {}
+        self._libraries = {}  # name -> (probe, current-stream reader), made once
+
+    def _library(self, obj):
+        name = type(obj).__module__.partition(".")[0]
+        library = self._libraries.get(name)
+        if library is None and name in _LIBRARIES:
+            probe, reader = _LIBRARIES[name]
+            library = self._libraries[name] = (probe, reader(sys.modules[name]))
+        return library
 
     def remember(self, obj, view):
         """Note the view ``asarray(obj)`` made; ignored for other libraries."""
-        library = _library(obj)
+        library = self._library(obj)
         if library is None or view._device is None or isinstance(view._owner, _COPIES):
             return  # a copy of host data must be made again on every call
         try:
@@ -86,3 +96,4 @@ class ForeignViews:
 
     def clear(self):
         self._seen.clear()
+        self._libraries.clear()
