@@ -544,7 +544,9 @@ class Communicator(_eager.EagerCalls):
 
     def allreduce(self, x, out=None, algo="auto", stream=None):
         """Sum ``x`` over all ranks into ``out`` (a new array if None; ``x``
-        itself for in place), queued on ``stream``.  Returns ``out``.
+        itself for in place), queued on ``stream``.  Returns ``out`` as a pyar
+        DeviceArray: itself, or a view of a CuPy/PyTorch ``out`` (whose own
+        object holds the sum too).
 
         Asynchronous like a kernel launch; ``synchronize()`` waits and reports
         a peer that never arrived as CollectiveTimeout.  A new ``out`` comes
@@ -750,8 +752,9 @@ class Communicator(_eager.EagerCalls):
 
     def all_gather(self, x, out=None, stream=None, n=None):
         """Concatenate every rank's shard ``x`` in rank order into the whole
-        array of ``n`` elements, on every rank; returns ``out``, queued on
-        ``stream`` and asynchronous like ``allreduce``.
+        array of ``n`` elements, on every rank; returns ``out`` (a DeviceArray,
+        as ``allreduce`` does), queued on ``stream`` and asynchronous like
+        ``allreduce``.
 
         ``x`` is this rank's shard under the rule of ``reduce_scatter``
         (pyar/comm/shards.py): with L = 16 // x.itemsize, ``shard = L *
@@ -882,7 +885,8 @@ class Communicator(_eager.EagerCalls):
         RMSNorm (+ quantization) as a separate kernel).
         Eager, on registered inputs and under graph capture like
         ``allreduce``.  Returns FusedOutputs(out, residual_out, quantized,
-        scales).
+        scales) (None where not written), DeviceArrays as ``allreduce`` returns
+        ``out``.
         """
         arrays = (x, residual, weight, out, residual_out, quantized, scales)
         scalars = (eps, quant, group_size, fp8_dtype, algo)
