@@ -67,7 +67,9 @@ start=$(date +%s)
 if [ "${PYAR_SUITE_PREBUILT_KERNELS:-0}" = 1 ]; then
   # The code objects came with the tree (pyar/_kernels/*.fatbin, built elsewhere
   # with the same nvcc): build the Cython extensions in place, no kernels.
+  # The examples run as scripts from examples/, so the tree goes on the path.
   $PYTHON setup.py build_ext --inplace -j "$(nproc)" >"$OUT/build.log" 2>&1
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
   $PYTHON -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1
 fi
