@@ -1367,3 +1367,14 @@ def test_fused_traffic_counts_each_variants_bytes(world):
     # ... which is split's plus the two-shot's reduced shards, written and read back.
     assert traffic.fused_shared_gpu_bytes("unfused", n, out, world) == \
         traffic.fused_shared_gpu_bytes("split", n, out, world) + 2 * n
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_add_rmsnorm_traffic_reads_sum_and_residual_writes_y_and_residual_out(world):
+    from pyar.bench import traffic
+    n = 8 << 20
+    assert traffic.add_rmsnorm_shared_gpu_bytes(n, world) == world * (2 * n + 2 * n)
+    # The unfused path's norm moves the same bytes as the fused rows without quantization.
+    assert traffic.add_rmsnorm_shared_gpu_bytes(n, world) == \
+        traffic.fused_shared_gpu_bytes("unfused", n, n, world) \
+        - traffic.shared_gpu_bytes(algorithms.choose(n, world), n, world, False)

@@ -9,7 +9,9 @@ split): the crossovers that ``algorithms.FUSED_ONESTAGE_MAX_BYTES``,
 ranks sharing a GPU) come from them.  On one
 shared GPU the fused kernel's HBM efficiency is reported: the bytes it must
 move (traffic.fused_shared_gpu_bytes) over its time, against the
-device-to-device copy bandwidth.
+device-to-device copy bandwidth; so is that of the unfused path's add +
+RMSNorm kernel timed alone, every rank's at once (``norm_us``, ``norm_eff``:
+the single-GPU row kernel that the unfused baseline stands on).
 """
 import numpy as np
 
@@ -102,9 +104,12 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
         comm.allreduce_rmsnorm(x, res, w, out=y, residual_out=r, stream=stream, algo=algo,
                                **quantization)
 
+    def norm():
+        rmsnorm.add_rmsnorm(s, res, w, out=y, residual_out=r, stream=stream)
+
     def unfused():
         comm.allreduce(x, out=s, stream=stream)
-        rmsnorm.add_rmsnorm(s, res, w, out=y, residual_out=r, stream=stream)
+        norm()
         if kind:
             rmsnorm.quantize(y, kind, fp8_dtype=quantization["fp8_dtype"], quantized=q,
                              scales=scales, stream=stream)
@@ -132,10 +137,13 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
             for variant in FORCED:
                 row[f"{variant}_us"] = timer(lambda: fused(variant)) * 1e6
         row["speedup"] = row["unfused_us"] / row["fused_us"]
-        row["hbm_eff"] = None
+        row["norm_us"] = timer(norm) * 1e6
+        row["hbm_eff"] = row["norm_eff"] = None
         if copy_bw:
             moved = traffic.fused_shared_gpu_bytes(chosen, nbytes, out_bytes, comm.world)
             row["hbm_eff"] = moved / (row["fused_us"] / 1e6) / copy_bw
+            moved = traffic.add_rmsnorm_shared_gpu_bytes(nbytes, comm.world)
+            row["norm_eff"] = moved / (row["norm_us"] / 1e6) / copy_bw
         results.append(row)
     comm.synchronize(stream)
     return results
@@ -158,7 +166,8 @@ def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
 
 COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant", 8),
            ("fused_us", 9), ("unfused_us", 10), ("speedup", 7), ("onestage_us", 11),
-           ("twostage_us", 11), ("split_us", 8), ("hbm_eff", 7)]
+           ("twostage_us", 11), ("split_us", 8), ("hbm_eff", 7), ("norm_us", 8),
+           ("norm_eff", 8)]
 
 
 def table():
@@ -171,7 +180,7 @@ def cells(row):
         value = row.get(name)
         if value is None:
             formatted.append(None)
-        elif name == "hbm_eff":
+        elif name.endswith("_eff"):
             formatted.append(f"{value:.0%}")
         elif name == "speedup":
             formatted.append(f"{value:.2f}x")

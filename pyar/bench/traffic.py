@@ -37,3 +37,11 @@ def fused_shared_gpu_bytes(variant, nbytes, out_bytes, world):
     if variant in ("twostage", algorithms.SPLIT):
         moved += 2 * world * nbytes
     return moved
+
+
+def add_rmsnorm_shared_gpu_bytes(nbytes, world):
+    """Bytes all ranks' add + RMSNorm kernels (no quantization) must move when
+    each runs on its own ``nbytes`` of sums at once: the sum and the residual
+    read, y and residual_out written.  The weight is one row, read by every
+    block from L2, and is not counted."""
+    return 4 * world * nbytes
