@@ -68,9 +68,11 @@ if [ "${PYAR_SUITE_PREBUILT_KERNELS:-0}" = 1 ]; then
   # The code objects came with the tree (pyar/_kernels/*.fatbin, built elsewhere
   # with the same nvcc): build the Cython extensions in place, no kernels.
   # The examples run as scripts from examples/, so the tree goes on the path.
+  built="extensions in place, prebuilt kernels"
   $PYTHON setup.py build_ext --inplace -j "$(nproc)" >"$OUT/build.log" 2>&1
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
+  built="pip install -e ., kernels included"
   $PYTHON -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1
 fi
 build_status=$?
@@ -178,6 +180,7 @@ cp "$work"/bench_w*.json "$work"/fused_w*.json "$work"/nodes_w*.json "$work"/ver
 stop_mps
 trap - EXIT
 $PYTHON scripts/gpu_summary.py --out "$OUT" --bench-dir "$work" --build-seconds "$build_seconds" \
+  --built "$built" \
   --test-status "$test_status" | tee "$OUT/summary.md"
 if [ -f "$OUT/examples.tsv" ] && awk -F'\t' 'NR > 1 && $2 != 0 { bad = 1 } END { exit !bad }' \
     "$OUT/examples.tsv"; then
