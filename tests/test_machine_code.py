@@ -340,6 +340,30 @@ def test_one_shot_peer_loads_go_out_in_one_wave(cuda_fatbins):
 
 
 @needs_cuobjdump
+def test_fused_one_stage_first_row_waits_for_memory_at_most_twice(cuda_fatbins):
+    """Speed, not ordering: every one-stage fused kernel of one pack a thread on
+    sm_90 has issued its first row's W peer loads after at most two round trips
+    (allreduce_rmsnorm.cu, norm_rows: the kernels of 5-8 ranks summed that row a
+    second time on a block's last row and took up to 9); and the count grows
+    when each load's register is used before the next load goes out."""
+    code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce_rmsnorm.fatbin"], "sm_90")
+    waves = {kernel: mc.peer_load_waves(sass) for kernel, sass in code.items()
+             if kernel.startswith("pyar_allreduce_rmsnorm_one_stage") and "_p1_" in kernel}
+    assert len(waves) == 63
+    slow = {kernel: found for kernel, found in waves.items()
+            if found[0] > 2 or found[1] < int(kernel.rsplit("_w", 1)[1])}
+    assert slow == {}
+    sass = code["pyar_allreduce_rmsnorm_one_stage_bf16_plain_p1_w8"]
+    serialized = []
+    for instruction in sass:
+        serialized.append(instruction)
+        if mc.is_peer_load(instruction):
+            loaded = instruction.operands.split(",")[0]
+            serialized.append(mc.Instruction(instruction.address, "FADD", f"R0, {loaded}, RZ"))
+    assert mc.peer_load_waves(serialized)[0] >= 8
+
+
+@needs_cuobjdump
 def test_signature_cost_builds_leave_out_their_piece(tmp_path_factory):
     """benchmarks/signature_cost.py prices the start barrier's pieces by builds of this
     tree without one each: every such build differs from the shipped kernel, and the one

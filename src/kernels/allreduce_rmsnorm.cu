@@ -320,6 +320,7 @@ PYAR_DEVICE void finish_row(float (&v)[P][Lanes<T>::kCount], const Pack16 (&res)
 // other ranks wrote during this kernel.
 template <typename T, int P, bool kPeer>
 struct ArrayRows {
+  static constexpr bool kRawAhead = true;  // loads only: see PeerRows
   const Pack16 *base;
   struct Raw {
     Pack16 pack[P];
@@ -390,12 +391,15 @@ PYAR_DEVICE Pack16 sum_ranks(const RankTable<W> &src, uint64_t i) {
 }
 
 // Packs of one row from every rank's input.  With few packs per row in
-// flight (W * P <= 4) the raw packs are loaded a row ahead and summed when
+// flight (W * P <= 5) the raw packs are loaded a row ahead and summed when
 // the row's turn comes; with more, they are summed as they arrive (W * P
-// packs in flight already) and the row ahead holds only the sums.
+// packs in flight already) and the row ahead holds only the sums.  Five, not
+// six: at 6 ranks a row of raw packs ahead spills (float16, FP8: 16 bytes).
+// kRawAhead: load() only issues loads, so loading a row that is never used
+// costs no wait; without it load() waits for the sums.
 template <typename T, int P, int W>
 struct PeerRows {
-  static constexpr bool kRawAhead = W * P <= 4;
+  static constexpr bool kRawAhead = W * P <= 5;
   RankTable<W> src;
   struct Raw {
     Pack16 pack[P][kRawAhead ? W : 1];
@@ -443,9 +447,14 @@ PYAR_DEVICE uint64_t first_row(uint64_t tokens) {
 
 // The block's rows b, b + G, ..: residual add, RMSNorm, quantization.  With
 // one pack per thread the next row's packs and residual are loaded before
-// the current row is normed (the last row loads itself again instead:
-// straight-line, no row branch); with more, the row's own P packs a source
-// are in flight already and a second row's would not fit 64 registers.
+// the current row is normed; with more, the row's own P packs a source are
+// in flight already and a second row's would not fit 64 registers.  On its
+// last row a block loads that row again instead (straight-line: a branch
+// there costs registers, and the 5-rank kernels spill), except where the
+// load waits for its sums: there the branch skips a second round of peer
+// loads and sums (tests/test_machine_code.py: at 8 ranks the first row
+// waited for memory 8 times before its first store, now 2).  The branch is
+// the same for the whole block.
 template <typename T, int P, int Q, typename Rows>
 PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
                            const RowContext<T, P> &ctx, ResidualRow<T, P> res) {
@@ -460,9 +469,11 @@ PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
     typename Rows::Raw raw_ahead;
     ResidualRow<T, P> res_ahead;
     if constexpr (kAhead) {
-      const uint64_t ahead = more ? next : row;
-      raw_ahead = rows.load(ctx.cols, ahead);
-      res_ahead.load(ctx.cols, a.residual, ahead);
+      if (Rows::kRawAhead || more) {
+        const uint64_t ahead = more ? next : row;
+        raw_ahead = rows.load(ctx.cols, ahead);
+        res_ahead.load(ctx.cols, a.residual, ahead);
+      }
     }
     float v[P][Lanes<T>::kCount];
     rows.sum(raw, v);
