@@ -100,3 +100,11 @@ def record(results):
 def report(**fields):
     """Called inside a scenario: one result line for the summary."""
     print(RESULT_PREFIX + json.dumps(fields), flush=True)
+
+
+def control_build(kernels_path):
+    """The name of the control build at ``kernels_path`` (its folder, tests/gpu/conftest.py's
+    CONTROL_BUILDS key, less the number tmp_path_factory appends): a positive control
+    reports it, so that two controls running one scenario mode against different builds
+    (a missing start barrier, a late staging copy) stay two rows in the summary."""
+    return os.path.basename(os.path.normpath(kernels_path)).rstrip("0123456789")

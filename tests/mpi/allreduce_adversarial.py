@@ -65,6 +65,7 @@ from allreduce_common import (
     start_epochs_at,
 )
 from tests.gpu_kernels import GpuTestKernels
+from tests.mpi_launch import control_build
 
 K = 50            # calls per round
 CALLS = 1000      # per (dtype, algo, variant) in main mode
@@ -307,7 +308,8 @@ def control_start_mode(sc, kernels_path):
                                 ("staged",))
             if sc.max(time.monotonic() - started) > CONTROL_SECONDS:
                 break
-        sc.report(test="control-start", algo=algo, dtype=DTYPES[0].name, variant="staged",
+        sc.report(test="control-start", algo=algo, build=control_build(kernels_path),
+                  dtype=DTYPES[0].name, variant="staged",
                   calls=calls, mismatches=found, timeouts=broken, late_rank=sc.world - 1,
                   delay_us=START_DELAY_US, seconds=round(sc.max(time.monotonic() - started), 2))
     comm.close()

@@ -60,6 +60,7 @@ from allreduce_common import (
     DTYPES, NAN_WORD, bits, normal, rng, run, small_integers, start_epochs_at,
 )
 from tests.gpu_kernels import GpuTestKernels
+from tests.mpi_launch import control_build
 
 VARIANTS = ("onestage", "twostage")
 # The adversarial scenario and its control also run split; epoch wrap does not
@@ -473,7 +474,8 @@ def control_mode(sc, kernels_path, start=False):
             if found:
                 break
         sc.report(test="fused-control-start" if start else "fused-control", algo=algo,
-                  dtype=bf16.name, variant="registered" if registered else "staged",
+                  build=control_build(kernels_path), dtype=bf16.name,
+                  variant="registered" if registered else "staged",
                   calls=calls, mismatches=found, timeouts=timeouts,
                   seconds=round(sc.max(time.monotonic() - started), 2))
         del work
