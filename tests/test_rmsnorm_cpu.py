@@ -932,11 +932,11 @@ def test_prepare_rmsnorm_takes_the_table_of_its_topology(dev, shared_gpu):
     assert picks == (["onestage", "onestage"] if shared_gpu else
                      [algorithms.choose_fused(n, 4) for n in (2 << 20, 8 << 20)])
     assert shared_gpu or picks[0] == algorithms.FUSED_LARGE[4]
-    # Rows of 7168 bf16 (14 KiB): 16 rows run one-stage on a shared GPU, 64 split.
+    # Rows of 7168 bf16 (14 KiB): 64 rows run one-stage on a shared GPU, 128 split.
     hidden = 7168
-    picks = [_picked(comm, dev, tokens, hidden) for tokens in (16, 64)]
+    picks = [_picked(comm, dev, tokens, hidden) for tokens in (64, 128)]
     assert picks == (["onestage", algorithms.SPLIT] if shared_gpu else
-                     [algorithms.choose_fused(n * hidden * 2, 4) for n in (16, 64)])
+                     [algorithms.choose_fused(n * hidden * 2, 4) for n in (64, 128)])
 
 
 @pytest.mark.parametrize("large", [algorithms.SPLIT, algorithms.UNFUSED])

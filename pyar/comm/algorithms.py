@@ -104,8 +104,20 @@ SHARED_GPU_FUSED = {2: (None, None), 3: (None, 32 << 20), 4: (None, 32 << 20),
 # ranks (896 KiB; at 128 split is 9-15% ahead with quantization, 3% behind
 # without) and to 16 at 4 and 8 (224 KiB; at 64 split is 2-7% ahead with
 # quantization at 4 ranks, 6% behind without, and ahead or level at 8).
+# Measured again on the H100 with the kernels of 53c5abd (eager forced
+# variants; benchmarks/results/h100_one_gpu_fused_*_h16384_session18.json,
+# *_f32_h8192_session18.json and *_wide_*_session18.json): at 4 ranks
+# one-stage leads or ties split up to 1 MiB at 14 KiB rows (64 tokens) and at
+# 32 KiB rows (bfloat16 hidden 16384 and float32 8192, two packs a thread; 32
+# tokens), where split had run 0.96-0.99x the unfused steps without
+# quantization, and split leads at 2 MiB with quantization; at 8 ranks
+# one-stage is level with split or behind it from 448 KiB (a trial at 512
+# KiB: 7168 x 32 tokens 0.94-1.12x the unfused steps in graphs, 16384 x 16
+# 0.90-1.04x, where split runs 1.01-1.13x).  3 ranks take 4's bound, 5-7
+# take 8's.
 WIDE_ROW_BYTES = 8 << 10
-SHARED_GPU_WIDE_ONESTAGE_MAX = {2: 1 << 20, **{world: 256 << 10 for world in range(3, 9)}}
+SHARED_GPU_WIDE_ONESTAGE_MAX = {**{world: 1 << 20 for world in range(2, 5)},
+                                **{world: 256 << 10 for world in range(5, 9)}}
 
 
 def choose_fused(nbytes, world, shared_gpu=False, row_bytes=0):
