@@ -333,7 +333,7 @@ def test_signature_bit_positions():
     assert layout.signature("onestage", 5, BF16, False, 0xF) == (
         5 | 3 << 40 | 3 << 48 | 0xF << 53)
     assert layout.OPERATIONS == {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4,
-                                 "split": 5, "reduce_scatter": 6, "all_gather": 7}
+                                 "split": 5, "reduce_scatter": 6, "all_gather": 7, "lamport": 8}
     assert layout.signature("split", (1 << 40) - 1, BF16, True, 0xF) < 1 << 57
     assert layout.signature("oneshot", 4096, np.float32, False, more=True) == (
         4096 | 1 << 40 | 1 << 48 | 1 << 57)

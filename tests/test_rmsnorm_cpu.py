@@ -317,6 +317,17 @@ def _quant_outputs(dev, quant, tokens, hidden, group_size=128, fp8_dtype=E4M3FN)
 
 # --- 1. the kernel/host calling convention --------------------------------------------
 
+def _asked_once(comm, names, kinds, count, suffix):
+    """The kernels ``comm`` asked its module for: ``count`` of them, each once,
+    each among ``names``, ending in ``suffix`` and taking ``kinds``."""
+    requests = comm._row_kernels.module.requests
+    assert len(requests) == count, requests
+    for name, argtypes in requests:
+        assert name in names and name.endswith(suffix), name
+        assert argtypes == kinds, (name, argtypes)
+    return {name for name, _ in requests}
+
+
 def test_kernel_dtype_names_are_the_hosts(source):
     """The f32/f16/bf16 suffixes instantiate the C types the host's dtypes mean."""
     c_type = {"float": F32, "__half": F16, "pyar::bf16_bits": BF16}
@@ -352,13 +363,7 @@ def test_host_asks_for_exactly_the_fused_entries_the_source_defines(source):
                         # cached; the FNUZ flag selects no other kernel
                         assert comm._fused_function(variant, dtype, code | LAYOUT.fnuz_flag,
                                                     per_thread) is first
-        requests = comm._row_kernels.module.requests
-        assert len(requests) == 2 * 3 * 7, requests  # each asked for once
-        for name, argtypes in requests:
-            assert name in names, name
-            assert name.endswith(f"_w{world}"), name
-            assert argtypes == kinds, (name, argtypes)
-            asked.add(name)
+        asked |= _asked_once(comm, names, kinds, 2 * 3 * 7, f"_w{world}")
     assert asked == names
 
 
@@ -387,12 +392,7 @@ def test_host_asks_for_exactly_the_split_entries_the_source_defines(source):
                         is first
                     assert comm._fused_function(algorithms.SPLIT, dtype,
                                                 code | LAYOUT.fnuz_flag, per_thread) is first
-        requests = comm._row_kernels.module.requests
-        assert len(requests) == 7, requests
-        for name, argtypes in requests:
-            assert name in names and name.endswith(f"_w{world}"), name
-            assert argtypes == kinds, (name, argtypes)
-            asked.add(name)
+        asked |= _asked_once(comm, names, kinds, 7, f"_w{world}")
     assert asked == names
 
 
@@ -413,6 +413,110 @@ def test_split_first_kernel_is_two_stage_cut_at_mid(source):
         assert fact in proof, fact
     two_stage = re.search(r"PYAR_DEVICE void two_stage\(.*?\n\}\n", source, re.S).group(0)
     assert "mid_barrier<W>(s, epoch, info)" in two_stage
+
+
+def _lamport_entries(source):
+    """(every lamport entry name the macros define, its [(C type, name)]):
+    one pack per thread only (PYAR_LAMPORT_P1), every world."""
+    args, body = _macro(source, "PYAR_LAMPORT_ENTRY")
+    assert args == ["name", "T", "kind", "Q", "W"], args
+    m = re.search(_BOUNDS + r"([\w#]+)\((.*?)\) \{", body)
+    assert m, body
+    template, params = m.group(1), _parameters(_with_row_params(source, m.group(2)))
+    assert _macro(source, "PYAR_LAMPORT_P1")[1] == (
+        "PYAR_EACH_WORLD(PYAR_LAMPORT_ENTRY, name, T, kind, Q)")
+    assert _macro(source, "PYAR_LAMPORT_P2")[1] == _macro(source, "PYAR_LAMPORT_P4")[1] == ""
+    assert "PYAR_LAMPORT_P##P(name, T, kind, Q)" in _macro(source, "PYAR_ROW_KERNELS")[1]
+    worlds = re.findall(r"M\(__VA_ARGS__, (\d+)\)", _macro(source, "PYAR_EACH_WORLD")[1])
+    names = {_paste(template, name=t, kind=k, W=w)
+             for t, _, p in _instantiations(source) if p == 1 for k in _kinds(source)
+             for w in worlds}
+    return names, params
+
+
+def test_lamport_entry_parameters_are_the_lamport_types(source):
+    _, params = _lamport_entries(source)
+    assert [name for _, name in params] == [
+        "x", "tokens", *ROW_FIELDS, "state", "region", "region_offset", "segment",
+        "timeout_ns", "signature", "call"]
+    assert tuple(_kind(ctype) for ctype, _ in params) == rmsnorm.LAMPORT_TYPES
+
+
+def test_host_asks_for_exactly_the_lamport_entries_the_source_defines(source):
+    names, params = _lamport_entries(source)
+    assert len(names) == 3 * 3 * 7, sorted(names)  # dtypes x kinds x worlds, p1 only
+    kinds = tuple(_kind(ctype) for ctype, _ in params)
+    asked = set()
+    for world in range(2, 9):
+        comm = _comm(world)
+        for dtype in communicator._KERNEL_TYPES:
+            for code in rmsnorm.KERNEL_KINDS:
+                first = comm._fused_function(algorithms.LAMPORT, dtype, code, 1)
+                assert comm._fused_function(algorithms.LAMPORT, dtype, code | LAYOUT.fnuz_flag,
+                                            1) is first
+        asked |= _asked_once(comm, names, kinds, 3 * 3, f"_p1_w{world}")
+    assert asked == names
+
+
+def test_lamport_kernel_pushes_before_it_waits_and_keeps_its_proof(source):
+    """The kernel's order: announce the start flag, push every row to every
+    rank, take the first row, confirm the peers' flags (arrival and digest)
+    before anything is written, norm; the counters advance whatever
+    happened.  No barrier of the protocol, and the written proof of why
+    none is needed."""
+    body = re.search(r"PYAR_DEVICE void lamport\(.*?\n\}\n", source, re.S).group(0)
+    order = ["announce<W>(epoch)", "push_rows<P, W>(", "rows.take(", "confirm<W>(",
+             "norm_rows<T, P, Q>(", "BlockEpoch::commit()", "slots.advance()"]
+    assert [body.index(step) for step in order] == sorted(body.index(step) for step in order)
+    for barrier in ("start_barrier", "mid_barrier", "exit_barrier", "end_barrier"):
+        assert barrier not in body, barrier
+    proof = source[:source.index("PYAR_DEVICE void lamport(")]
+    proof = proof[proof.rindex("// One-stage with pushed rows"):]
+    for fact in ("neither a start barrier", "nor an exit", "the seeds' bug has nothing to read",
+                 "c - 2", "stream order", "a disagreeing call writes nothing"):
+        assert fact in proof, fact
+
+
+def test_lamport_region_constants_are_the_kernels(source):
+    header = _read("pyar_lamport.h")
+    assert re.search(r"constexpr uint32_t kEmptyWord = 0x([0-9a-fA-F]+)u;", header).group(1) \
+        == f"{layout.LAMPORT_EMPTY_WORD:x}"
+    assert _constants(header)["kLamportSlots"] == layout.LAMPORT_SLOTS
+    assert "constexpr int kLamportHeaderBytes = kMaxBlocks * 4;" in header
+
+
+def test_lamport_region_starts_with_zero_counters_and_empty_slots():
+    region = np.frombuffer(layout.lamport_region(3, 4096, 256), np.uint32)
+    assert region.size == 256 + 2 * 3 * 4096 // 4
+    assert (region[:256] == 0).all()
+    assert (region[256:] == 0x80000000).all()
+
+
+def test_lamport_step_passes_its_arguments_by_parameter_name(source, dev):
+    """One launch for the whole input, this rank's own x (no staging, no
+    table), the receive region past the two-shot scratch, and a segment of
+    the slot in packs."""
+    _, params = _lamport_entries(source)
+    names = [n for _, n in params]
+    comm = _comm(world=4)
+    tokens, hidden = 24, 4096
+    q, s = _quant_outputs(dev, "fp8_per_group", tokens, hidden)
+    call = _call(dev, tokens=tokens, hidden=hidden, quant="fp8_per_group", quantized=q, scales=s)
+    steps = list(comm._rmsnorm_steps(call, algorithms.LAMPORT, None))
+    assert len(steps) == 1
+    comm._run_step(steps[0], "S")
+    function = comm._row_kernels.module.functions["pyar_allreduce_rmsnorm_lamport_bf16_fp8_p1_w4"]
+    (grid, block, args, stream), = function.launches
+    got = dict(zip(names, args))
+    assert (grid, block, stream) == (tokens, 512, "S")  # one 512-thread block a row of 4096
+    assert tuple(got[f] for f in ROW_FIELDS) == call.row_args(0, tokens)
+    assert got["x"] == call.x.ptr and got["tokens"] == tokens
+    assert got["region"] == comm._buffer.ptr + comm._lamport_offset
+    assert got["region_offset"] == comm._lamport_offset - comm._partial_offset == comm.max_size
+    assert got["segment"] == (1 << 20) // 16
+    assert got["signature"] == layout.signature("lamport", tokens * hidden, call.x.dtype, False,
+                                                call.quant_code & 0xF)
+    assert got["call"] == 0 and got["state"] == comm._state.ptr
 
 
 def test_packs_per_thread_choices_are_the_instantiated_ones(source):
@@ -616,7 +720,14 @@ def test_quant_codes_are_the_kernels(source):
 
 
 # The variants whose kernels spin on peers (a block cap each).
-SPINNING = algorithms.FUSED_VARIANTS + (algorithms.SPLIT,)
+SPINNING = algorithms.FUSED_VARIANTS + (algorithms.SPLIT, algorithms.LAMPORT)
+
+
+@pytest.fixture
+def without_lamport(monkeypatch):
+    """The tables of the barrier-bound variants alone: "auto" never picks
+    lamport (its own tests below)."""
+    monkeypatch.setattr(algorithms, "LAMPORT_MAX_BYTES", dict.fromkeys(range(2, 9), 0))
 
 
 def _comm(world, max_size=1 << 20):
@@ -632,6 +743,8 @@ def _comm(world, max_size=1 << 20):
     comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
     comm._scratch_offset = 0x1000
     comm._partial_offset = 0x1000 + max_size
+    comm._lamport_offset = comm._partial_offset + max_size
+    comm._lamport_bytes = min(algorithms.LAMPORT_SEGMENT_BYTES, max_size)
     comm._local_blocks = lambda: 264  # 132 multiprocessors, two blocks each
     comm._staged_table = types.SimpleNamespace(ptr=0x5100_0000_0000)
     comm._state = types.SimpleNamespace(ptr=0x5200_0000_0000)
@@ -750,7 +863,7 @@ def test_split_norms_on_the_whole_gpu_while_kernel_a_keeps_its_cap(dev):
 
 
 @pytest.mark.parametrize("world", [2, 5, 8])
-def test_prepare_rmsnorm_picks_the_variant_by_input_bytes(dev, world):
+def test_prepare_rmsnorm_picks_the_variant_by_input_bytes(dev, without_lamport, world):
     comm = _comm(world)
     limit = algorithms.FUSED_ONESTAGE_MAX_BYTES[world]
     hidden = 1024
@@ -815,7 +928,8 @@ def test_choose_fused_rejects_worlds_outside_2_to_8(world):
         algorithms.choose_fused(4096, world)
 
 
-@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage", "split", "unfused"])
+@pytest.mark.parametrize("algo", ["auto", "onestage", "twostage", "split", "unfused",
+                                  "lamport"])
 def test_validate_fused_accepts(algo):
     assert algorithms.validate_fused(algo) == algo
 
@@ -922,7 +1036,7 @@ def test_shared_gpu_table_covers_worlds_2_to_8():
 
 
 @pytest.mark.parametrize("shared_gpu", [False, True])
-def test_prepare_rmsnorm_takes_the_table_of_its_topology(dev, shared_gpu):
+def test_prepare_rmsnorm_takes_the_table_of_its_topology(dev, without_lamport, shared_gpu):
     """Measured on one H200: at 4 ranks 256 and 1024 rows of 4096 bf16 (2 and
     8 MiB) run one-stage on a shared GPU; with a GPU per rank the first runs
     the GPU-per-rank table's large path."""
@@ -940,7 +1054,8 @@ def test_prepare_rmsnorm_takes_the_table_of_its_topology(dev, shared_gpu):
 
 
 @pytest.mark.parametrize("large", [algorithms.SPLIT, algorithms.UNFUSED])
-def test_prepare_rmsnorm_picks_the_large_path_past_the_crossover(dev, monkeypatch, large):
+def test_prepare_rmsnorm_picks_the_large_path_past_the_crossover(dev, without_lamport,
+                                                                monkeypatch, large):
     comm = _comm(4)
     monkeypatch.setitem(algorithms.FUSED_MAX_BYTES, 4, 64 << 10)
     monkeypatch.setitem(algorithms.FUSED_LARGE, 4, large)
@@ -949,6 +1064,62 @@ def test_prepare_rmsnorm_picks_the_large_path_past_the_crossover(dev, monkeypatc
     # Forced, both stay selectable whatever the table says.
     for algo in (algorithms.SPLIT, algorithms.UNFUSED):
         assert _picked(comm, dev, 1, 1024, algo) == algo
+
+
+@pytest.mark.parametrize("world", [2, 5, 8])
+@pytest.mark.parametrize("shared_gpu", [False, True])
+def test_prepare_rmsnorm_runs_lamport_up_to_its_bound_unregistered(dev, world, shared_gpu):
+    comm = _comm(world)
+    comm._shared_gpu = shared_gpu
+    limit = algorithms.LAMPORT_MAX_BYTES[world]
+    hidden = 1024
+    fits = limit // (2 * hidden)
+    call, algo, registered = comm._prepare_rmsnorm(
+        dev((fits, hidden), BF16), dev((fits, hidden), BF16), dev((hidden,), BF16), 1e-6,
+        dev((fits, hidden), BF16), None, None, None, 128, None, None, None, "auto")
+    assert (algo, registered) == ("lamport", None)  # peers never read x
+    assert _picked(comm, dev, fits + 1, hidden) == algorithms.choose_fused(
+        (fits + 1) * hidden * 2, world, shared_gpu, hidden * 2)
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_choose_fused_takes_lamport_only_where_it_fits(world):
+    limit = algorithms.LAMPORT_MAX_BYTES[world]
+    for shared_gpu in (False, True):
+        assert algorithms.choose_fused(16, world, shared_gpu, 16, True) == "lamport"
+        assert algorithms.choose_fused(limit, world, shared_gpu, 16, True) == "lamport"
+        for nbytes in (limit + 16, 16):
+            fits = nbytes > limit
+            assert algorithms.choose_fused(nbytes, world, shared_gpu, 16, fits) == \
+                algorithms.choose_fused(nbytes, world, shared_gpu, 16)
+
+
+def test_lamport_table_covers_worlds_2_to_8_within_one_segment():
+    assert sorted(algorithms.LAMPORT_MAX_BYTES) == list(range(2, 9))
+    for limit in algorithms.LAMPORT_MAX_BYTES.values():
+        assert isinstance(limit, int) and 0 <= limit <= algorithms.LAMPORT_SEGMENT_BYTES
+        assert limit % 16 == 0
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_forced_lamport_refuses_what_its_kernels_and_slots_do_not_take(dev, world):
+    """Alike at every world size (a world of one would run add_rmsnorm): rows
+    over one pack a thread, inputs over one receive segment; "auto" then
+    picks another variant."""
+    comm = _comm(world, max_size=4 << 20)
+    with pytest.raises(ValueError, match=r"algo='lamport' takes rows up to 16384 bytes \(one "
+                                         r"16-byte pack per thread\), got 32768"):
+        _picked(comm, dev, 1, 16384, "lamport")
+    with pytest.raises(ValueError, match=r"algo='lamport' takes inputs up to 1048576 bytes "
+                                         r"\(its receive slots\), got 1056768"):
+        _picked(comm, dev, 129, 4096, "lamport")
+    small = _comm(world, max_size=64 << 10)  # the slots shrink with max_size
+    with pytest.raises(ValueError, match=r"takes inputs up to 65536 bytes"):
+        _picked(small, dev, 9, 4096, "lamport")
+    assert _picked(comm, dev, 8, 8192, "lamport") == "lamport"  # 16 KiB rows
+    if world > 1:
+        assert _picked(comm, dev, 1, 16384) != "lamport"
+        assert _picked(comm, dev, 129, 4096) != "lamport"
 
 
 def _picked(comm, dev, tokens, hidden, algo="auto"):
@@ -1360,6 +1531,10 @@ def test_fused_traffic_counts_each_variants_bytes(world):
     assert traffic.fused_shared_gpu_bytes("twostage", n, out, world) == 3 * world * n + rows
     # Split moves two-stage's bytes: the sums pushed, then read by the norm kernel.
     assert traffic.fused_shared_gpu_bytes("split", n, out, world) == 3 * world * n + rows
+    # Lamport: each rank's input read once and stored into every rank's slot,
+    # where it is read back and emptied.
+    assert traffic.fused_shared_gpu_bytes("lamport", n, out, world) == \
+        world * n + 3 * world * world * n + rows
     # Unfused: the all-reduce's bytes, then the sum read again by add + RMSNorm.
     allreduce = traffic.shared_gpu_bytes(algorithms.choose(n, world), n, world, False)
     assert traffic.fused_shared_gpu_bytes("unfused", n, out, world) == \

@@ -3,15 +3,16 @@ RMSNorm (+ quantization) against the same steps unfused -- pyar's all-reduce,
 then a separate add + RMSNorm kernel, then a separate quantization kernel --
 per token count, eager and replayed from graphs, measured in the same run.
 
-Eager rows also time each fused variant forced (one-stage, two-stage,
-split): the crossovers that ``algorithms.FUSED_ONESTAGE_MAX_BYTES``,
-``FUSED_MAX_BYTES`` and ``FUSED_LARGE`` encode (``SHARED_GPU_FUSED`` for
-ranks sharing a GPU) come from them.  On one
-shared GPU the fused kernel's HBM efficiency is reported: the bytes it must
-move (traffic.fused_shared_gpu_bytes) over its time, against the
-device-to-device copy bandwidth; so is that of the unfused path's add +
-RMSNorm kernel timed alone, every rank's at once (``norm_us``, ``norm_eff``:
-the single-GPU row kernel that the unfused baseline stands on).
+Rows also time each fused variant forced (one-stage, two-stage, split, and
+lamport where its slots and kernels take the input): the crossovers that
+``algorithms.FUSED_ONESTAGE_MAX_BYTES``, ``FUSED_MAX_BYTES``, ``FUSED_LARGE``
+and ``LAMPORT_MAX_BYTES`` encode (``SHARED_GPU_FUSED`` for ranks sharing a
+GPU) come from them.  On one shared GPU the fused kernel's HBM efficiency
+is reported: the bytes it must move (traffic.fused_shared_gpu_bytes) over
+its time, against the device-to-device copy bandwidth; so is that of the
+unfused path's add + RMSNorm kernel timed alone, every rank's at once
+(``norm_us``, ``norm_eff``: the single-GPU row kernel that the unfused
+baseline stands on).
 """
 import numpy as np
 
@@ -22,7 +23,7 @@ from pyar.bench.table import Table
 from pyar.comm import algorithms, rmsnorm
 
 GRAPH_CALLS = 20
-FORCED = (*algorithms.FUSED_VARIANTS, algorithms.SPLIT)  # timed forced on eager rows
+FORCED = (*algorithms.FUSED_VARIANTS, algorithms.SPLIT, algorithms.LAMPORT)  # timed forced
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 QUANT_CHOICES = ("none", *rmsnorm.QUANT_KINDS)
 
@@ -99,6 +100,7 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
     nbytes = x.nbytes
     iterations = args.iters or measure.iterations_for(nbytes * comm.world)
     chosen = comm._choose_fused(nbytes, args.hidden * dtype.itemsize)
+    lamport_fits = comm._lamport_refusal(nbytes, args.hidden * dtype.itemsize) is None
 
     def fused(algo="auto"):
         comm.allreduce_rmsnorm(x, res, w, out=y, residual_out=r, stream=stream, algo=algo,
@@ -133,8 +135,8 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
         row = {"tokens": tokens, "hidden": args.hidden, "dtype": str(dtype),
                "quant": kind or "none", "mode": mode, "variant": chosen,
                "fused_us": timer(fused) * 1e6, "unfused_us": timer(unfused) * 1e6, **kernel}
-        if mode == "eager":
-            for variant in FORCED:
+        for variant in FORCED:
+            if variant != algorithms.LAMPORT or lamport_fits:
                 row[f"{variant}_us"] = timer(lambda: fused(variant)) * 1e6
         row["speedup"] = row["unfused_us"] / row["fused_us"]
         row["norm_us"] = timer(norm) * 1e6
@@ -166,7 +168,7 @@ def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
 
 COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant", 8),
            ("fused_us", 9), ("unfused_us", 10), ("speedup", 7), ("onestage_us", 11),
-           ("twostage_us", 11), ("split_us", 8), ("hbm_eff", 7), ("norm_us", 8),
+           ("twostage_us", 11), ("split_us", 8), ("lamport_us", 10), ("hbm_eff", 7), ("norm_us", 8),
            ("norm_eff", 8)]
 
 

@@ -28,7 +28,8 @@ def fused_shared_gpu_bytes(variant, nbytes, out_bytes, world):
     written.  Two-stage and split add the reduced rows each rank's gather
     buffer receives (every rank pushes its slice into all of them) and reads
     back; "unfused" is the all-reduce into a sum array, then add + RMSNorm (+
-    quantization) reading that sum."""
+    quantization) reading that sum; lamport adds every rank's rows stored
+    into every rank's receive slot, read back and emptied there."""
     rows = world * (2 * nbytes + out_bytes)
     if variant == "unfused":
         return shared_gpu_bytes(algorithms.choose(nbytes, world), nbytes, world, False) \
@@ -36,6 +37,8 @@ def fused_shared_gpu_bytes(variant, nbytes, out_bytes, world):
     moved = world * nbytes + rows
     if variant in ("twostage", algorithms.SPLIT):
         moved += 2 * world * nbytes
+    if variant == algorithms.LAMPORT:
+        moved += 3 * world * world * nbytes
     return moved
 
 

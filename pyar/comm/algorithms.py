@@ -14,6 +14,10 @@ FUSED_VARIANTS = ("onestage", "twostage")
 # reduce-scatter on its capped grid, then the norms on the whole GPU.
 SPLIT = "split"
 UNFUSED = "unfused"  # allreduce_rmsnorm's steps as separate kernels
+# one-stage with pushed rows: every rank stores its rows into every rank's
+# receive slot and polls its own (src/kernels/pyar_lamport.h): no barrier
+# before the data moves, none at the end; for inputs up to LAMPORT_MAX_BYTES.
+LAMPORT = "lamport"
 
 # world size -> largest message in bytes that still goes one-shot.
 ONESHOT_MAX_BYTES = {
@@ -120,11 +124,41 @@ SHARED_GPU_WIDE_ONESTAGE_MAX = {**{world: 1 << 20 for world in range(2, 5)},
                                 **{world: 256 << 10 for world in range(5, 9)}}
 
 
-def choose_fused(nbytes, world, shared_gpu=False, row_bytes=0):
+# A rank's receive slots for LAMPORT hold 2 * world segments of this size:
+# the largest input ``algo="lamport"`` takes (the communicator's max_size
+# when that is smaller).
+LAMPORT_SEGMENT_BYTES = 1 << 20
+# world size -> largest input (tokens * hidden * itemsize) that ``"auto"``
+# runs as LAMPORT, on either topology.  Lamport saves the start and exit
+# barriers' round trips while every block holds one row; once blocks take
+# several rows (past the block cap: 16 blocks of 512 threads at 8 ranks on a
+# shared GPU), each further row waits for its pushed packs in turn and
+# lamport falls behind.  Measured on one H100 shared by the ranks (bf16,
+# graph mode, no quantization, 2026-12-06; lamport_us against the best of
+# onestage_us / twostage_us / split_us and unfused_us of ``python -m
+# pyar.bench --fused``, benchmarks/results/h100_one_gpu_fused_*_lamport_*):
+# 2 ranks: hidden 4096 5.6-7.0 us against 6.3-7.4 up to 512 KiB (1.07-1.14x
+#   the best barrier variant, 1.36-1.44x the unfused steps), 0.95x at 1 MiB;
+#   hidden 7168 1.07-1.10x up to 448 KiB, 0.96x at 896 KiB;
+# 4 ranks: 1.17-1.28x up to 256 KiB at hidden 4096 and 1.18-1.22x up to 224
+#   KiB at 7168; 0.91x at 512 KiB and 0.97x at 448 KiB;
+# 8 ranks: 1.17-1.19x up to 64 KiB and 1.03x at 128 KiB (hidden 4096),
+#   1.03-1.06x up to 56 KiB at 7168; 0.69x at 256 KiB and 0.78x at 224 KiB.
+# 3 ranks take 4's bound and 5-7 take 8's until they are measured; with a
+# GPU per rank the links may move the bounds (unmeasured).
+LAMPORT_MAX_BYTES = {2: 512 << 10, 3: 256 << 10, 4: 256 << 10,
+                     **{world: 128 << 10 for world in range(5, 9)}}
+
+
+def choose_fused(nbytes, world, shared_gpu=False, row_bytes=0, lamport_fits=False):
     """The allreduce_rmsnorm variant ``"auto"`` selects for an input of
-    ``nbytes`` in rows of ``row_bytes``: one of FUSED_VARIANTS, or
-    FUSED_LARGE's choice (SPLIT or UNFUSED) past the fused crossover;
-    SHARED_GPU_FUSED's when the ranks share one GPU."""
+    ``nbytes`` in rows of ``row_bytes``: LAMPORT up to LAMPORT_MAX_BYTES when
+    the input ``lamport_fits`` (the communicator's receive slots and the
+    lamport kernels' rows), else one of FUSED_VARIANTS, or FUSED_LARGE's
+    choice (SPLIT or UNFUSED) past the fused crossover; SHARED_GPU_FUSED's
+    when the ranks share one GPU."""
+    if lamport_fits and nbytes <= _entry(LAMPORT_MAX_BYTES, world):
+        return LAMPORT
     if shared_gpu:
         onestage_max, split_max = _entry(SHARED_GPU_FUSED, world)
         if row_bytes > WIDE_ROW_BYTES:
@@ -138,7 +172,7 @@ def choose_fused(nbytes, world, shared_gpu=False, row_bytes=0):
 
 
 def validate_fused(algo):
-    return _known(algo, FUSED_VARIANTS + (SPLIT, UNFUSED))
+    return _known(algo, FUSED_VARIANTS + (SPLIT, UNFUSED, LAMPORT))
 
 
 def _by_size(nbytes, world, small_max_bytes, names):

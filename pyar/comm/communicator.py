@@ -134,6 +134,8 @@ class Communicator(_eager.EagerCalls):
         self._timeout_ns = int(timeout * 1e9)
         self.debug = _env_flag("PYAR_DEBUG") if debug is None else bool(debug)
         self.max_size = -(-max_size // layout.PACK_BYTES) * layout.PACK_BYTES
+        # One receive segment of the lamport kernels: the most a lamport call takes.
+        self._lamport_bytes = min(algorithms.LAMPORT_SEGMENT_BYTES, self.max_size)
         self._resources = None
         self._registry = None
         self._calls = 0
@@ -180,6 +182,9 @@ class Communicator(_eager.EagerCalls):
         lay = self._layout
         self._scratch_offset = lay.signal_bytes
         self._partial_offset = lay.signal_bytes + self.max_size
+        # The lamport kernels' receive region follows the two-shot scratch:
+        # per rank its call counters, then two slots of a segment per rank.
+        self._lamport_offset = self._partial_offset + self.max_size
         bus_ids = node.allgather(exchange.run_everywhere(node, self._bus_id))
         exchange.run_everywhere(node, diagnostics.require_mps, bus_ids)
         exchange.run_everywhere(node, topology.enable_peer_access, self.device, self.rank,
@@ -218,9 +223,10 @@ class Communicator(_eager.EagerCalls):
 
     def _allocate(self):
         res = self._resources
-        size = self._partial_offset + self.max_size
-        self._buffer = res.device_memory(size, uncached=True)
+        region = layout.lamport_region(self.world, self._lamport_bytes, self._layout.max_blocks)
+        self._buffer = res.device_memory(self._lamport_offset + len(region), uncached=True)
         _hip.memset(self._buffer.ptr, 0, self._layout.signal_bytes)
+        _hip.memcpy_htod(self._buffer.ptr + self._lamport_offset, region)
         self._error = res.pinned_memory(4 * _ERROR_WORDS)
         # A ctypes view, not a buffer export, so the memory can be freed later.
         self._error_words = (ctypes.c_uint32 * _ERROR_WORDS).from_address(self._error.ptr)
@@ -291,9 +297,10 @@ class Communicator(_eager.EagerCalls):
         (quantization kinds, packs per thread), in blocks of the all-reduce's
         threads; rmsnorm.row_launch scales it to a call's block size."""
         caps = {}
-        for variant in algorithms.FUSED_VARIANTS + (algorithms.SPLIT,):
+        for variant in algorithms.FUSED_VARIANTS + (algorithms.SPLIT, algorithms.LAMPORT):
             for dtype in _KERNEL_TYPES:
-                per_thread = self._row_kernels.layout.packs_per_thread_choices(dtype.itemsize)
+                per_thread = ((1,) if variant == algorithms.LAMPORT else
+                              self._row_kernels.layout.packs_per_thread_choices(dtype.itemsize))
                 caps[(variant, dtype)] = self._block_cap(sharing, [
                     self._fused_function(variant, dtype, code, p)
                     for code in rmsnorm.KERNEL_KINDS for p in per_thread])
@@ -314,7 +321,8 @@ class Communicator(_eager.EagerCalls):
                 geometry = rmsnorm.RowLaunch(packs_per_thread, 0, 0)
                 name = (f"pyar_allreduce_rmsnorm_{variant.replace('stage', '_stage')}_"
                         f"{rmsnorm.kernel_suffix(dtype, quant_code, geometry)}_w{self.world}")
-                types = rmsnorm.FUSED_TYPES
+                types = (rmsnorm.LAMPORT_TYPES if variant == algorithms.LAMPORT
+                         else rmsnorm.FUSED_TYPES)
             function = self._row_kernels.function(name, types)
             self._functions[key] = function
         return function
@@ -881,8 +889,13 @@ class Communicator(_eager.EagerCalls):
         "twostage" (reduce-scatter pushing the sums to every rank, then every
         rank norms), "split" (two-stage as two kernels: the reduce-scatter
         pushing the sums, then the norms on the whole GPU; what "auto" runs
-        past the fused crossover) or "unfused" (the all-reduce, then add +
-        RMSNorm (+ quantization) as a separate kernel).
+        past the fused crossover), "lamport" (one-stage without barriers: every
+        rank stores its rows into every rank's receive slot and norms from its
+        own; what "auto" runs for small inputs, up to
+        ``algorithms.LAMPORT_MAX_BYTES``; rows up to 16 KiB and inputs up to
+        min(1 MiB, max_size) only; a -0.0 that every rank passes sums to +0.0)
+        or "unfused" (the all-reduce, then add + RMSNorm (+ quantization) as a
+        separate kernel).
         Eager, on registered inputs and under graph capture like
         ``allreduce``.  Returns FusedOutputs(out, residual_out, quantized,
         scales) (None where not written), DeviceArrays as ``allreduce`` returns
@@ -931,16 +944,34 @@ class Communicator(_eager.EagerCalls):
         if row_bytes > self.max_size:
             raise ValueError(f"a row of {row_bytes} bytes does not fit the communicator's "
                              f"scratch buffer (max_size {self.max_size})")
+        if algo == algorithms.LAMPORT:  # refused alike at every world size
+            refusal = self._lamport_refusal(call.x.nbytes, row_bytes)
+            if refusal:
+                raise ValueError(f"algo='lamport' {refusal}")
         if self.world == 1 or call.tokens == 0:
             return call, algo, None
-        registered = self._input_table(call.x, stream)
         if algo == "auto":
             algo = self._choose_fused(call.x.nbytes, row_bytes)
-        return call, algo, registered
+        if algo == algorithms.LAMPORT:
+            return call, algo, None  # peers never read x: nothing to register
+        return call, algo, self._input_table(call.x, stream)
+
+    def _lamport_refusal(self, nbytes, row_bytes):
+        """Why the lamport kernels cannot take an input of ``nbytes`` in rows
+        of ``row_bytes``, or None when they can."""
+        widest = self._row_kernels.layout.max_row_threads * layout.PACK_BYTES
+        if row_bytes > widest:
+            return (f"takes rows up to {widest} bytes (one 16-byte pack per thread), "
+                    f"got {row_bytes}")
+        if nbytes > self._lamport_bytes:
+            return (f"takes inputs up to {self._lamport_bytes} bytes (its receive slots), "
+                    f"got {nbytes}")
+        return None
 
     def _choose_fused(self, nbytes, row_bytes):
         """What ``algo="auto"`` runs for an input of ``nbytes`` in rows of ``row_bytes``."""
-        return algorithms.choose_fused(nbytes, self.world, self._shared_gpu, row_bytes)
+        return algorithms.choose_fused(nbytes, self.world, self._shared_gpu, row_bytes,
+                                       self._lamport_refusal(nbytes, row_bytes) is None)
 
     def _launch_rmsnorm(self, call, algo, registered, stream):
         """Queue the fused call's steps; returns them, for its plan."""
@@ -959,6 +990,9 @@ class Communicator(_eager.EagerCalls):
         and writing nothing once a first kernel of this rank failed (the
         Signal's failure word: a failed call leaves stale sums there)."""
         dtype = call.x.dtype
+        if algo == algorithms.LAMPORT:
+            yield self._lamport_step(call)
+            return
         row_bytes = call.hidden * dtype.itemsize
         chunk = self.max_size // row_bytes
         for first in range(0, call.tokens, chunk):
@@ -986,6 +1020,20 @@ class Communicator(_eager.EagerCalls):
             yield ("local", *self._row_kernels.add_rmsnorm_launch(
                 call, self._buffer.ptr + self._partial_offset, first, count,
                 self._local_blocks(), self._buffer.ptr + self._layout.failed_offset))
+
+    def _lamport_step(self, call):
+        """The one launch of a lamport call (it fits one slot: _prepare_rmsnorm)."""
+        dtype = call.x.dtype
+        function, geometry = self._fused_launch(algorithms.LAMPORT, dtype, call.tokens,
+                                                call.hidden, call.quant_code)
+        signature = layout.signature(algorithms.LAMPORT, call.tokens * call.hidden, dtype,
+                                     False, call.quant_code & 0xF)
+        return ("kernel", function, geometry.blocks, geometry.threads,
+                (call.x.ptr, call.tokens, *call.row_args(0, call.tokens), self._state.ptr,
+                 self._buffer.ptr + self._lamport_offset,
+                 self._lamport_offset - self._partial_offset,
+                 self._lamport_bytes // layout.PACK_BYTES, self._timeout_ns, signature),
+                "allreduce_rmsnorm", f"(lamport, {call.tokens} x {call.hidden} {dtype})")
 
     def _fused_launch(self, algo, dtype, tokens, hidden, quant_code):
         """The fused kernel and its rmsnorm.RowLaunch for ``tokens`` rows."""

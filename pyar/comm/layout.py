@@ -50,6 +50,19 @@ def pack_table(pointers):
 
 TABLE_BYTES = _TABLE.size
 
+# --- the lamport kernels' receive region (src/kernels/pyar_lamport.h) -------------
+LAMPORT_EMPTY_WORD = 0x80000000  # kEmptyWord: no pushed pack holds it
+LAMPORT_SLOTS = 2
+
+
+def lamport_region(world, segment_bytes, max_blocks):
+    """A receive region as it must start: zero call counters (one per block,
+    uint32), then every word of both slots (``world`` segments of
+    ``segment_bytes`` each) empty."""
+    counters = np.zeros(max_blocks, np.uint32)
+    slots = np.full(LAMPORT_SLOTS * world * segment_bytes // 4, LAMPORT_EMPTY_WORD, np.uint32)
+    return counters.tobytes() + slots.tobytes()
+
 
 
 # --- the call signature (src/kernels/pyar_protocol.h compares it) -----------------
@@ -60,13 +73,14 @@ TABLE_BYTES = _TABLE.size
 # launches of a rank's calls parse into calls one way only: a call of two
 # chunks never agrees with two calls of one chunk each.
 OPERATIONS = {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4, "split": 5,
-              "reduce_scatter": 6, "all_gather": 7}
+              "reduce_scatter": 6, "all_gather": 7, "lamport": 8}
 SIGNATURE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2,
                     np.dtype(ml_dtypes.bfloat16): 3}
 _ELEMENT_BITS = 40
 _QUANT_BITS = 4
 _COLLECTIVE = {"oneshot": "allreduce", "twoshot": "allreduce", "onestage": "allreduce_rmsnorm",
-               "twostage": "allreduce_rmsnorm", "split": "allreduce_rmsnorm"}
+               "twostage": "allreduce_rmsnorm", "split": "allreduce_rmsnorm",
+               "lamport": "allreduce_rmsnorm"}
 
 Signature = collections.namedtuple("Signature",
                                    "operation elements dtype registered quantization more")

@@ -45,6 +45,11 @@ _ROW_TYPES = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "ui
 # call.
 FUSED_TYPES = ("ptr", "uint64", "ptr", "uint64", *_ROW_TYPES, "ptr", "uint64", "uint64",
                "uint32")
+# The lamport kernels: this rank's input, tokens, the row arguments, state,
+# this rank's receive region, where a region starts past a rank's two-shot
+# scratch, packs per source in a slot, timeout, signature, call.
+LAMPORT_TYPES = ("ptr", "uint64", *_ROW_TYPES, "ptr", "ptr", "uint64", "uint64", "uint64",
+                 "uint64", "uint32")
 # Kernel A of split (input table, pack offset, input to stage, tokens, hidden,
 # state, timeout, signature, call): the rows' sums only, no row arguments.
 SPLIT_TYPES = ("ptr", "uint64", "ptr", "uint64", "uint32", "ptr", "uint64", "uint64",

@@ -40,6 +40,7 @@
 //
 // add_rmsnorm and quantize are the same steps as single-rank kernels: a world
 // of one, and the unfused baseline of the benchmark.
+#include "pyar_lamport.h"
 #include "pyar_protocol.h"
 #include "pyar_quant.h"
 
@@ -363,29 +364,37 @@ struct RankTable {
   }
 };
 
+// Ranks first, first + 1, .. (below W) of a row's pack, from v, added into
+// acc in rank order in fp32 (rank 0's values start it): every variant sums
+// a pack this way, so every variant gives the same bits.
+template <typename T, int W, int N>
+PYAR_DEVICE void add_in_rank_order(float (&acc)[Lanes<T>::kCount], const Pack16 (&v)[N],
+                                   int first) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    if (first + r >= W) continue;
+    float x[Lanes<T>::kCount];
+    unpack<T>(v[r], x);
+#pragma unroll
+    for (int j = 0; j < Lanes<T>::kCount; ++j) acc[j] = first + r == 0 ? x[j] : acc[j] + x[j];
+  }
+}
+
 // The sum of one pack over every rank, in rank order in fp32 and rounded to
 // T: the bits of reduce_pack.  The loads go out in groups of up to four
 // ranks (64 bytes in flight per thread), which holds the registers of the
 // larger worlds within two 512-thread blocks per multiprocessor.
 template <typename T, int W>
 PYAR_DEVICE Pack16 sum_ranks(const RankTable<W> &src, uint64_t i) {
-  constexpr int L = Lanes<T>::kCount;
   constexpr int kGroup = W < 4 ? W : 4;
-  float acc[L];
+  float acc[Lanes<T>::kCount];
 #pragma unroll
   for (int first = 0; first < W; first += kGroup) {
     Pack16 v[kGroup];
 #pragma unroll
     for (int r = 0; r < kGroup; ++r)
       if (first + r < W) v[r] = load_peer(src[first + r] + i);
-#pragma unroll
-    for (int r = 0; r < kGroup; ++r) {
-      if (first + r >= W) continue;
-      float x[L];
-      unpack<T>(v[r], x);
-#pragma unroll
-      for (int j = 0; j < L; ++j) acc[j] = first + r == 0 ? x[j] : acc[j] + x[j];
-    }
+    add_in_rank_order<T, W>(acc, v, first);
   }
   return round_pack<T>(acc);
 }
@@ -455,14 +464,14 @@ PYAR_DEVICE uint64_t first_row(uint64_t tokens) {
 // loads and sums (tests/test_machine_code.py: at 8 ranks the first row
 // waited for memory 8 times before its first store, now 2).  The branch is
 // the same for the whole block.
+// `raw`: the block's first row, loaded (a block with rows only).
 template <typename T, int P, int Q, typename Rows>
 PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
-                           const RowContext<T, P> &ctx, ResidualRow<T, P> res) {
+                           const RowContext<T, P> &ctx, ResidualRow<T, P> res,
+                           typename Rows::Raw raw) {
   constexpr bool kAhead = P == 1;
-  if (blockIdx.x >= tokens) return;
   BlockReduce<P> reduce;
   uint64_t row = blockIdx.x;
-  typename Rows::Raw raw = rows.load(ctx.cols, row);
   for (;;) {
     const uint64_t next = row + gridDim.x;
     const bool more = next < tokens;
@@ -488,6 +497,13 @@ PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
       res.load(ctx.cols, a.residual, row);
     }
   }
+}
+
+template <typename T, int P, int Q, typename Rows>
+PYAR_DEVICE void norm_rows(const Rows &rows, uint64_t tokens, const RowArgs &a,
+                           const RowContext<T, P> &ctx, ResidualRow<T, P> res) {
+  if (blockIdx.x >= tokens) return;
+  norm_rows<T, P, Q>(rows, tokens, a, ctx, res, rows.load(ctx.cols, blockIdx.x));
 }
 
 template <int W>
@@ -554,6 +570,151 @@ PYAR_DEVICE void one_stage(const InputTable *in, uint64_t in_offset, const Pack1
     exit_barrier<W>(s, epoch, info);
   }
   BlockEpoch::commit();
+}
+
+// Packs of one row from this rank's receive slot (lamport): each rank's
+// pushed pack taken as it arrives, and summed in rank order.  A row is taken
+// once (its packs are emptied), so it is never loaded ahead of a row that
+// has no successor (kRawAhead false); threads past the row's end take
+// nothing (the row's last pack is another thread's to take).
+template <typename T, int P, int W>
+struct PushedRows {
+  static constexpr bool kRawAhead = false;
+  const CommState *state;
+  const Pack16 *slot;  // this call's slot of this rank's region
+  uint64_t segment;    // packs per source rank
+  const CallInfo *info;
+  struct Raw {
+    Pack16 pack[P];
+  };
+  // `arrived` is cleared when a pack did not come (the timeout, or the
+  // call was abandoned).
+  // Sources are taken (and summed, in rank order) kGroup at a time: at most
+  // four packs in flight per thread, as sum_ranks, which holds the registers
+  // within the 64 of a kMaxRowThreads block.
+  static constexpr int kGroup = W < 4 / P ? W : 4 / P;
+  PYAR_DEVICE Raw take(const Columns<P> &c, uint64_t row, bool &arrived) const {
+    Raw raw;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      raw.pack[p] = Pack16{};
+      if (!c.holds(p)) continue;
+      float acc[Lanes<T>::kCount];
+#pragma unroll
+      for (int first = 0; first < W; first += kGroup) {
+        Pack16 v[kGroup];
+        arrived &= take_packs<kGroup>(*state, slot, segment, c.at(row, p), first,
+                                      W - first < kGroup ? W - first : kGroup, *info, v);
+        add_in_rank_order<T, W>(acc, v, first);
+      }
+      raw.pack[p] = round_pack<T>(acc);
+    }
+    return raw;
+  }
+  // The rows after a block's first, whose senders are known to run: they
+  // pushed the first row, and a block pushes all its rows without waiting.
+  PYAR_DEVICE Raw load(const Columns<P> &c, uint64_t row) const {
+    bool arrived = true;
+    return take(c, row, arrived);
+  }
+  PYAR_DEVICE void sum(const Raw &raw, float (&v)[P][Lanes<T>::kCount]) const {
+#pragma unroll
+    for (int p = 0; p < P; ++p) unpack<T>(raw.pack[p], v[p]);
+  }
+};
+
+// Block b's rows b, b + G, .. of this rank's input x, stored into slot
+// `slot_offset` of every rank's region at this rank's segment (`peers`):
+// kBatch rows' packs loaded before any is stored.
+template <int P, int W>
+PYAR_DEVICE void push_rows(const Pack16 *x, uint64_t tokens, const Columns<P> &c,
+                           const RankTable<W> &peers, uint64_t slot_offset) {
+  constexpr int kBatch = P < 4 ? 4 / P : 1;
+  const uint64_t step = gridDim.x;
+  for (uint64_t first = blockIdx.x; first < tokens; first += kBatch * step) {
+    Pack16 v[kBatch][P];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        v[k][p] = first + k * step < tokens ? x[c.at(first + k * step, p)] : Pack16{};
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (first + k * step >= tokens) break;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (!c.holds(p)) continue;
+        const Pack16 pushed = pushable(v[k][p]);
+        const uint64_t at = slot_offset + c.at(first + k * step, p);
+#pragma unroll
+        for (int r = 0; r < W; ++r) store_pack(peers[r] + at, pushed);
+      }
+    }
+  }
+}
+
+// One-stage with pushed rows (pyar_lamport.h): every rank stores its rows
+// into every rank's receive slot, then norms whole rows from its own slot.
+// `region`: this rank's receive region; `region_offset`: where a region
+// starts past a rank's two-shot scratch (CommState::partial), the same on
+// every rank; `segment`: packs of a source's rows in a slot.
+//
+// Why it needs neither a start barrier before its data moves nor an exit
+// barrier (rule 1):
+// - The input.  No peer reads this rank's memory except through what this
+//   rank stored into theirs: x is read by this rank's own blocks only, before
+//   the kernel returns.  The caller may overwrite it as soon as the kernel
+//   has returned -- the seeds' bug has nothing to read.
+// - A slot, between the calls that use it.  Rank q stores into rank p's slot
+//   s only in a call whose count c has c & 1 == s; the slot's previous use
+//   was the call of count c - 2, in which p's blocks took every pack q
+//   stored and emptied it again.  q's call c starts after q's call c - 1
+//   returned (stream order), every block of which waited for p's start flag
+//   of call c - 1 (confirm); p stored it after its call c - 2 had returned.
+//   So p has taken and emptied the slot before q stores into it again; the
+//   kernel boundary orders p's emptying stores before its later flag.
+// - The slot of the call in flight.  Each pack is stored once per call, by
+//   its source, and read (then emptied) only by its owner's block that
+//   handles the row: each rank's block b pushes exactly the rows block b of
+//   every rank takes (the grid is the same on every rank).
+// - The flags.  The start flag is stored before the first push and checked
+//   (arrival and digest, as at a start barrier) once the block's first row
+//   has come, before anything is written: a disagreeing call writes nothing.
+//   A peer may then be one call ahead; its next flag is judged as a start
+//   barrier judges one (wait_for_flag).  Once a peer's block pushed a block's
+//   first row, it pushes all of them: a block stores its rows without
+//   waiting on anything.
+// The slots' counters live in the region (LamportSlots); every rank's block
+// b of one call reads the same count.
+template <typename T, int P, int Q, int W>
+PYAR_DEVICE void lamport(const Pack16 *x, uint64_t tokens, const RowArgs &a,
+                         const CommState *state, void *region, uint64_t region_offset,
+                         uint64_t segment, const CallInfo &info) {
+  const CommState &s = *state;
+  const RowContext<T, P> ctx(a);
+  const LamportSlots slots(region);
+  const RankTable<W> peers = RankTable<W>::template fill<0>(
+      s.partial, (region_offset + kLamportHeaderBytes) / sizeof(Pack16) + s.rank * segment);
+  const uint32_t epoch = BlockEpoch::begin(s, info);
+  if (announce<W>(epoch)) {
+    // issued after the flag's release, which would wait for it on AMD
+    ResidualRow<T, P> res;
+    res.load(ctx.cols, a.residual, first_row(tokens));
+    const uint64_t slot_offset = uint64_t(slots.slot()) * W * segment;
+    push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset);
+    const PushedRows<T, P, W> rows{
+        &s,
+        reinterpret_cast<const Pack16 *>(static_cast<const char *>(region) +
+                                         kLamportHeaderBytes) + slot_offset,
+        segment, &info};
+    bool arrived = true;
+    typename PushedRows<T, P, W>::Raw first{};
+    if (blockIdx.x < tokens) first = rows.take(ctx.cols, blockIdx.x, arrived);
+    if (confirm<W>(s, epoch, info, arrived) && blockIdx.x < tokens)
+      norm_rows<T, P, Q>(rows, tokens, a, ctx, res, first);
+  }
+  BlockEpoch::commit();
+  slots.advance();
 }
 
 // Phase 1 of two_stage: this rank's slice of each of the block's rows,
@@ -783,9 +944,27 @@ extern "C" __device__ const uint64_t pyar_rmsnorm_layout[4] = {
                                           hidden, 0.f, quant, group});                      \
   }
 
-#define PYAR_ROW_KERNELS(name, T, kind, Q, P)          \
-  PYAR_FUSED_WORLDS(one_stage, name, T, kind, Q, P)    \
-  PYAR_FUSED_WORLDS(two_stage, name, T, kind, Q, P)    \
+#define PYAR_LAMPORT_ENTRY(name, T, kind, Q, W)                                              \
+  extern "C" __global__ void __launch_bounds__(pyar::kMaxRowThreads)                        \
+      pyar_allreduce_rmsnorm_lamport_##name##_##kind##_p1_w##W(                             \
+          const pyar::Pack16 *x, uint64_t tokens, PYAR_ROW_PARAMS,                          \
+          const pyar::CommState *state, void *region, uint64_t region_offset,               \
+          uint64_t segment, uint64_t timeout_ns, uint64_t signature, uint32_t call) {       \
+    pyar::lamport<T, 1, Q, W>(x, tokens, PYAR_ROW_ARGS, state, region, region_offset,       \
+                              segment, pyar::CallInfo{timeout_ns, signature, call});        \
+  }
+
+// lamport at one pack per thread only (rows up to kMaxRowThreads packs): with
+// more, the polled packs of every source take registers past the 64 of a
+// kMaxRowThreads block, and the kernels spill.
+#define PYAR_LAMPORT_P1(name, T, kind, Q) PYAR_EACH_WORLD(PYAR_LAMPORT_ENTRY, name, T, kind, Q)
+#define PYAR_LAMPORT_P2(name, T, kind, Q)
+#define PYAR_LAMPORT_P4(name, T, kind, Q)
+
+#define PYAR_ROW_KERNELS(name, T, kind, Q, P)       \
+  PYAR_FUSED_WORLDS(one_stage, name, T, kind, Q, P) \
+  PYAR_FUSED_WORLDS(two_stage, name, T, kind, Q, P) \
+  PYAR_LAMPORT_P##P(name, T, kind, Q)               \
   PYAR_LOCAL_ENTRIES(name, T, kind, Q, P)
 
 #define PYAR_ROW_KINDS(name, T, P)                         \

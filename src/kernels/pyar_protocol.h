@@ -278,6 +278,136 @@ PYAR_DEVICE bool disagree(uint32_t theirs, uint32_t mine) {
 //   [3 + kMaxRanks + 2r] and the word after: low and high half of rank r's
 //                        signature (on a disagreement)
 //
+// What thread `peer` (< W) of a block saw of its peer's flag slot.
+struct FlagWait {
+  uint64_t seen = 0;  // the slot's last value
+  int arrived = 1;    // it reached the epoch before the timeout
+  int differs = 0;    // at the start barrier: it carries another call's digest
+  int passed = 1;     // arrived and agrees
+};
+
+// The error words of a peer that never arrived (timeout).
+PYAR_DEVICE void record_timeout(const CommState &s, uint32_t peer, const CallInfo &info) {
+  store_volatile(&s.error[1 + peer], 1u);
+  store_volatile(&s.error[1 + kMaxRanks], info.call);
+  store_volatile(&s.error[0], 1u);
+}
+
+// After a failure the host refuses new calls, but calls already queued
+// behind it would each wait a whole timeout for peers that gave up: they
+// stop as soon as they see the error record.  So do a failed block's
+// siblings in its own call, by the rank's latch (set before a disagreeing
+// block waits for its peers' signatures).  Read only after kGiveUpCheckNs
+// of waiting.
+PYAR_DEVICE bool call_abandoned(const CommState &s, const Signal *my_signal) {
+  return load_volatile(&my_signal->some_block_failed) || load_volatile(&s.error[0]);
+}
+
+// Spins with acquire loads until `mine`, this rank's slot for `peer`, has
+// reached `epoch`.  A peer making the same call stores the very word this
+// rank stores (`word`): a load that sees it passes with no further test, at
+// the first load or in the spin, so the digest costs no instruction between
+// the acquire and the block's vote.  Any other word that reached the epoch
+// is classified (`judge`); one that never reaches it fails the barrier.
+PYAR_DEVICE FlagWait wait_for_flag(const CommState &s, const Signal *my_signal,
+                                   const uint64_t *mine, uint32_t peer, uint64_t word,
+                                   uint32_t epoch, bool check, uint32_t digest,
+                                   const CallInfo &info) {
+  FlagWait w;
+  // The word that reached the epoch is the peer's start flag of this call:
+  // the same acquire brought the peer's digest in its high half.  Only a
+  // build without the kernel's last barrier (a positive control), or a
+  // kernel that has none (pyar_lamport.h), lets a peer pass this call and
+  // store its next call's word first; the check then passes, rightly: that
+  // peer passed this call's start only after seeing this rank's flag of
+  // this call, so it compared the two digests itself.  (With the last
+  // barrier the peer's next flag needs this rank there; after a
+  // disagreement the peer's later calls store no flag.)
+  const auto judge = [&] {
+    if (check && uint32_t(w.seen) == epoch) w.differs = disagree(uint32_t(w.seen >> 32), digest);
+    w.passed = !w.differs;
+  };
+  w.seen = load_acquire_system(mine);
+  if (w.seen != word) {
+    if (reached(w.seen, epoch)) {
+      judge();
+    } else {
+      const uint64_t since = now_ns();
+      for (;;) {
+        w.seen = load_acquire_system(mine);
+        if (w.seen == word) break;
+        if (reached(w.seen, epoch)) {
+          judge();
+          break;
+        }
+        const uint64_t waited = now_ns() - since;
+        if (waited > info.timeout_ns) {
+          record_timeout(s, peer, info);
+          w.arrived = w.passed = 0;
+          break;
+        }
+        if (waited > kGiveUpCheckNs && call_abandoned(s, my_signal)) {
+          w.arrived = w.passed = 0;
+          break;
+        }
+      }
+    }
+  }
+  return w;
+}
+
+// The rest of a block's call after a barrier it failed (every thread of the
+// block calls it; `w` is what thread `peer` < W saw, `theirs_signal` that
+// peer's Signal; `check`: it was the start barrier, whose flags carry the
+// calls' digests): latch the failure, and on a disagreement record the
+// ranks' calls for the host.
+template <int W>
+PYAR_DEVICE void fail_call(const CommState &s, uint32_t epoch, const CallInfo &info, bool check,
+                           const FlagWait &w, Signal *my_signal, Signal *theirs_signal) {
+  const BlockState &block = block_state();
+  if (threadIdx.x == 0 && failure_latched()) {
+    my_signal->failed[blockIdx.x] = 1u;
+    store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too
+  }
+  // The ranks' exact calls, for the host's MismatchError.  Every block that
+  // fails its start barrier stores this rank's call into every peer's Signal
+  // (where its start flag went already; a peer whose flag it never saw may
+  // still have seen its own): if two ranks' digests differ, every rank's
+  // differs from some peer's (one that agreed with every peer would make them
+  // all agree), but a block may also fail first by giving up on a rank whose
+  // block skipped the call (a sibling block of that rank failed before it
+  // began, or this rank's did).
+  if (check && threadIdx.x < W)
+    store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][block.rank], info.signature);
+  if (check && __syncthreads_or(w.differs)) {  // the slow path only: a failed call
+    // Every arrived peer's, with the digest its flag carried.  The peer's
+    // block fails too (it sees the flag that made this one differ, or gives
+    // up waiting for it), and stores it then: within microseconds of the
+    // disagreement, or once it gives up on a rank whose block skipped the
+    // call (kGiveUpCheckNs into its wait), at the latest at its own timeout.
+    // One that does not come within the call's timeout is left unrecorded:
+    // the record's words stay 0 ("not seen") unless another block of this
+    // rank saw it.
+    if (threadIdx.x < W && w.arrived && uint32_t(w.seen) == epoch) {
+      const uint64_t *slot = &my_signal->signature[epoch & 1][blockIdx.x][threadIdx.x];
+      const uint64_t since = now_ns();
+      const uint32_t digest_seen = uint32_t(w.seen >> 32);
+      uint64_t theirs;
+      do theirs = load_volatile(slot);
+      while (call_digest(theirs) != digest_seen && now_ns() - since < info.timeout_ns);
+      if (call_digest(theirs) == digest_seen) {
+        store_volatile(&s.error[3 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs));
+        store_volatile(&s.error[4 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs >> 32));
+      }
+    }
+    if (threadIdx.x == 0) {
+      store_volatile(&s.error[2 + kMaxRanks], 1u);
+      store_volatile(&s.error[1 + kMaxRanks], info.call);
+      store_volatile(&s.error[0], 1u);
+    }
+  }
+}
+
 // Returns whether every peer arrived (and, at the start barrier, made the
 // same call); when not, the block skips the rest of the call.
 // kIdle: at the start barrier, the kernel's idle phases (keep_idle_slots_current).
@@ -305,66 +435,15 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     mine = &my_signal->flags[phase][blockIdx.x][peer];
   }
   sync_block_before_release();  // the block's earlier reads and writes precede the release
-  int arrived = 1, differs = 0, passed = 1;
-  uint64_t seen = 0;
+  FlagWait w;
   if (peer < W) {
-    // A peer making the same call stores the very word this rank stores: a
-    // load that sees it passes with no further test, at the first load or
-    // in the spin, so the digest costs no instruction between the acquire
-    // and the block's vote.  Any other word that reached the epoch is
-    // classified (`judge`); one that never reaches it fails the barrier.
     const uint64_t word = flag_word(epoch, digest);
-    // The word that reached the epoch is the peer's start flag of this
-    // call: the same acquire brought the peer's digest in its high half.
-    // Only a build without the kernel's last barrier (a positive control)
-    // lets a peer pass this call and store its next call's word first; the
-    // check then passes, rightly: that peer passed this start barrier after
-    // seeing this rank's flag of this call, so it compared the two digests
-    // itself.  (With the last barrier the peer's next flag needs this rank
-    // there; after a disagreement the peer's later calls store no flag.)
-    const auto judge = [&] {
-      if (check && uint32_t(seen) == epoch) differs = disagree(uint32_t(seen >> 32), digest);
-      passed = !differs;
-    };
     store_release_system(flag, word);
     if (phase == kStart) keep_idle_slots_current<kIdle>(theirs_signal, rank, epoch);
-    seen = load_acquire_system(mine);
-    if (seen != word) {
-      if (reached(seen, epoch)) {
-        judge();
-      } else {
-        const uint64_t since = now_ns();
-        for (;;) {
-          seen = load_acquire_system(mine);
-          if (seen == word) break;
-          if (reached(seen, epoch)) {
-            judge();
-            break;
-          }
-          const uint64_t waited = now_ns() - since;
-          if (waited > info.timeout_ns) {
-            store_volatile(&s.error[1 + peer], 1u);
-            store_volatile(&s.error[1 + kMaxRanks], info.call);
-            store_volatile(&s.error[0], 1u);
-            arrived = passed = 0;
-            break;
-          }
-          // After a failure the host refuses new calls, but calls already
-          // queued behind it would each wait a whole timeout for peers that
-          // gave up: they stop as soon as they see the error record.  So do
-          // a failed block's siblings in its own call, by the rank's latch
-          // (set before a disagreeing block waits for its peers' signatures).
-          if (waited > kGiveUpCheckNs &&
-              (load_volatile(&my_signal->some_block_failed) || load_volatile(&s.error[0]))) {
-            arrived = passed = 0;
-            break;
-          }
-        }
-      }
-    }
+    w = wait_for_flag(s, my_signal, mine, peer, word, epoch, check, digest, info);
   }
   // and the acquire precedes the block's later accesses
-  if (__syncthreads_and(passed)) {
+  if (__syncthreads_and(w.passed)) {
 #if defined(PYAR_TEST_LAG_RANK)
     // The lagging builds (tests/gpu/conftest.py): rank PYAR_TEST_LAG_RANK's
     // blocks start reading PYAR_TEST_LAG_NS after every rank passed the start
@@ -379,47 +458,7 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
 #endif
     return true;
   }
-  if (threadIdx.x == 0 && failure_latched()) {
-    my_signal->failed[blockIdx.x] = 1u;
-    store_volatile(&my_signal->some_block_failed, 1u);  // other blocks may store it too
-  }
-  // The ranks' exact calls, for the host's MismatchError.  Every block that
-  // fails its start barrier stores this rank's call into every peer's Signal
-  // (where its start flag went already; a peer whose flag it never saw may
-  // still have seen its own): if two ranks' digests differ, every rank's
-  // differs from some peer's (one that agreed with every peer would make them
-  // all agree), but a block may also fail first by giving up on a rank whose
-  // block skipped the call (a sibling block of that rank failed before it
-  // began, or this rank's did).
-  if (check && threadIdx.x < W)
-    store_volatile(&theirs_signal->signature[epoch & 1][blockIdx.x][rank], info.signature);
-  if (check && __syncthreads_or(differs)) {  // the slow path only: a failed call
-    // Every arrived peer's, with the digest its flag carried.  The peer's
-    // block fails too (it sees the flag that made this one differ, or gives
-    // up waiting for it), and stores it then: within microseconds of the
-    // disagreement, or once it gives up on a rank whose block skipped the
-    // call (kGiveUpCheckNs into its wait), at the latest at its own timeout.
-    // One that does not come within the call's timeout is left unrecorded:
-    // the record's words stay 0 ("not seen") unless another block of this
-    // rank saw it.
-    if (threadIdx.x < W && arrived && uint32_t(seen) == epoch) {
-      const uint64_t *slot = &my_signal->signature[epoch & 1][blockIdx.x][threadIdx.x];
-      const uint64_t since = now_ns();
-      const uint32_t digest_seen = uint32_t(seen >> 32);
-      uint64_t theirs;
-      do theirs = load_volatile(slot);
-      while (call_digest(theirs) != digest_seen && now_ns() - since < info.timeout_ns);
-      if (call_digest(theirs) == digest_seen) {
-        store_volatile(&s.error[3 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs));
-        store_volatile(&s.error[4 + kMaxRanks + 2 * threadIdx.x], uint32_t(theirs >> 32));
-      }
-    }
-    if (threadIdx.x == 0) {
-      store_volatile(&s.error[2 + kMaxRanks], 1u);
-      store_volatile(&s.error[1 + kMaxRanks], info.call);
-      store_volatile(&s.error[0], 1u);
-    }
-  }
+  fail_call<W>(s, epoch, info, check, w, my_signal, theirs_signal);
   return false;
 }
 

@@ -59,6 +59,7 @@ CONTROL_BUILDS = {
     "lagging_kernels": LAG,
     "lagging_control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER",
                                 *LAG),
+    "lamport_control_kernels": ("PYAR_TEST_LAMPORT_KEEP_DATA=1",),
 }
 # The code objects a Communicator loads (by these names, from kernels=DIR).
 CONTROL_SOURCES = ("allreduce", "allreduce_rmsnorm", "shards")
@@ -143,6 +144,15 @@ def kernels_without_start_barrier(tmp_path_factory):
     session."""
     return _build_control_kernels(tmp_path_factory, "start_control_kernels",
                                   CONTROL_BUILDS["start_control_kernels"])
+
+
+@pytest.fixture(scope="session")
+def kernels_keeping_lamport_data(tmp_path_factory):
+    """The kernels whose lamport reader leaves every pack it took in its slot
+    (PYAR_TEST_LAMPORT_KEEP_DATA=1): the slots' positive control, once per
+    test session."""
+    return _build_control_kernels(tmp_path_factory, "lamport_control_kernels",
+                                  CONTROL_BUILDS["lamport_control_kernels"])
 
 
 @pytest.fixture(scope="session")

@@ -17,14 +17,16 @@ WORLDS = [2, 4, 8]
 @pytest.mark.parametrize("world", [1] + WORLDS)
 def test_fused_random(world):
     """Per-rank random inputs against a float64 reference from every rank's
-    input: one-stage, two-stage, split and auto, 3 dtypes, 6 shapes (1..300
-    tokens, hidden 512..16384 incl. 2880 and 7168, chunked), 4 output kinds,
-    staged and registered; outputs identical across ranks and variants (split
-    bit for bit two-stage's); then every bad input raises its clear error on
+    input: one-stage, two-stage, split, lamport and auto, 3 dtypes, 6 shapes
+    (1..300 tokens, hidden 512..16384 incl. 2880 and 7168, chunked), 4 output
+    kinds, staged and registered; outputs identical across ranks and variants
+    (split bit for bit two-stage's); lamport refuses the shapes its kernels
+    and slots do not take; then every bad input raises its clear error on
     every rank."""
     rows = scenario("rmsnorm_fused", world, "random", timeout=420)
     total = rows_of(rows, "fused-random-total")[0]
-    assert total["calls"] == 3 * 6 * 4 * 4, total
+    # lamport takes 11 of the 18 (dtype, shape): rows up to 16 KiB, inputs up to 1 MiB
+    assert total["calls"] == 3 * 6 * 4 * 4 + 11 * 4, total
     assert total["mismatches"] == 0, total
     assert total["variant_differences"] == 0, total
     for row in rows_of(rows, "fused-random"):
@@ -52,13 +54,14 @@ def test_fused_adversarial_write_after_read(world, wrap):
     caller overwrites its input with NaN right after each call while random
     ranks are delayed or disturbed; every output (y, residual_out, FP8 codes,
     scales) bit for bit as in an undisturbed run.  Split (no exit barrier:
-    the proof at split_reduce) runs it too.  With ``wrap`` every (one-stage or
-    two-stage, input) starts 300 calls before the epochs reach 2**32 (a test
+    the proof at split_reduce) and lamport (no barrier at all: the proof at
+    `lamport`) run it too.  With ``wrap`` every (one-stage, two-stage or
+    lamport, input) starts 300 calls before the epochs reach 2**32 (a test
     hook: allreduce_common.start_epochs_at)."""
     mode, test = ("wrap", "fused-adversarial-wrap") if wrap else (
         "adversarial", "fused-adversarial")
     rows = rows_of(scenario("rmsnorm_fused", world, mode, timeout=420), test)
-    variants = ("onestage", "twostage") + (() if wrap else ("split",))
+    variants = ("onestage", "twostage", "lamport") + (() if wrap else ("split",))
     assert {(r["algo"], r["variant"]) for r in rows} == {
         (a, v) for a in variants for v in ("staged", "registered")}
     for row in rows:
@@ -111,6 +114,22 @@ def test_fused_positive_control(world, kernels_without_exit_barrier):
         assert row["mismatches"] > 0, (
             f"{row['algo']} without its barrier gave no wrong output in {row['calls']} calls "
             f"on {world} ranks: the adversarial test cannot see the bug\n{row}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_lamport_positive_control(world, kernels_keeping_lamport_data):
+    """Kernels whose lamport reader leaves the packs it took in its slot, the
+    last rank delayed before every call: its peers find its rows of two calls
+    before still in the slot, take them for this call's, and must show wrong
+    outputs (the shipped kernels pass the same delays in the adversarial
+    test)."""
+    rows = rows_of(scenario("rmsnorm_fused", world, "control-lamport",
+                            kernels_keeping_lamport_data, timeout=420), "fused-control-lamport")
+    assert [r["algo"] for r in rows] == ["lamport"], rows
+    for row in rows:
+        assert row["mismatches"] > 0, (
+            f"lamport keeping its slots' data gave no wrong output in {row['calls']} calls on "
+            f"{world} ranks: the control cannot see stale rows\n{row}")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -2,8 +2,9 @@
 
 Modes:
   random        Per-rank random x against a float64 reference built from every
-                rank's input: one-stage, two-stage, split and auto (split past
-                1 MiB); fp32/fp16/bf16;
+                rank's input: one-stage, two-stage, split, lamport (which
+                refuses rows over 16 KiB and inputs over 1 MiB) and auto;
+                fp32/fp16/bf16;
                 token counts from 1 to 300 (chunked through a 1 MiB scratch),
                 hidden sizes 512 to 16384 incl. 2880 and 7168; no quant, FP8
                 per token, FP8 per group of 128 and MXFP4; staged and
@@ -18,15 +19,16 @@ Modes:
   unfused       algo="unfused" (the steps as separate kernels, what "auto"
                 runs past the fused crossover) against the reference and
                 bitwise against the two-stage kernel, with and without out.
-  adversarial   The seeds' bug provoked for each variant (split too), like
+  adversarial   The seeds' bug provoked for each variant (split, lamport too), like
                 allreduce_adversarial.py: rounds of K calls queued with no host
                 sync, every caller overwrites its input with NaN right after
                 each call while random ranks are delayed or disturbed; staged
                 and registered inputs; every output (y, residual_out, FP8 codes
                 and scales) compared bit for bit with an undisturbed run.
-  wrap          adversarial, each (variant, input) starting with the epochs
-                WRAP_BEFORE calls before 2**32 (start_epochs_at): every block
-                crosses the 32-bit wrap under the adversarial load.
+  wrap          adversarial (one-stage, two-stage, lamport), each (variant,
+                input) starting with the epochs WRAP_BEFORE calls before 2**32
+                (start_epochs_at): every block crosses the 32-bit wrap under
+                the adversarial load.
   control PATH  The same against kernels built without the barrier each
                 variant relies on (one-stage: exit, two-stage and split's
                 first kernel: mid); runs until
@@ -39,6 +41,11 @@ Modes:
                 against kernels that copy after their start barrier,
                 PYAR_TEST_STAGE_MUTATION=kStageAfterStart); reports, never
                 fails.
+  control-lamport PATH
+                The lamport slots' control: kernels that leave every taken
+                pack in the slot (PYAR_TEST_LAMPORT_KEEP_DATA), the last rank
+                delayed before every call, so its peers take the rows it
+                pushed two calls before; reports, never fails.
   serve         A server's decode loop: graphs captured per (token count,
                 hidden) on first use, token counts drawn from 1..256, hidden
                 4096 and 7168, CALLS calls replayed with fresh inputs and a
@@ -65,7 +72,11 @@ from tests.mpi_launch import control_build
 VARIANTS = ("onestage", "twostage")
 # The adversarial scenario and its control also run split; epoch wrap does not
 # (split's kernel A takes its epochs and barriers from two-stage's code).
-ADVERSARIAL_VARIANTS = (*VARIANTS, "split")
+BARRIER_VARIANTS = (*VARIANTS, "split")
+# lamport has no barrier to leave out: the adversarial scenario and epoch wrap
+# run it, and its own control keeps the slots' data (control-lamport).
+ADVERSARIAL_VARIANTS = (*BARRIER_VARIANTS, "lamport")
+WRAP_VARIANTS = (*VARIANTS, "lamport")
 KINDS = (None, "fp8_per_token", "fp8_per_group", "mxfp4")
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 EPS = 1e-6
@@ -171,6 +182,14 @@ def host(a, stream):
 RANDOM_SHAPES = [(1, 4096), (7, 2880), (64, 7168), (300, 4096), (3, 16384), (33, 512)]
 
 
+def lamport_takes(tokens, hidden, dtype):
+    """Whether algo="lamport" takes the input in random mode's communicator:
+    rows of one pack (16 bytes) per thread of 1024, inputs within one receive
+    segment (the 1 MiB max_size)."""
+    row_bytes = hidden * dtype.itemsize
+    return row_bytes <= 1024 * 16 and tokens * row_bytes <= 1 << 20
+
+
 def group_size(hidden):
     """128 where it divides the row; 2880 = 45 * 64 takes groups of 64."""
     return 128 if hidden % 128 == 0 else 64
@@ -205,9 +224,14 @@ def random_mode(sc):
                     x_reg = pyar.asarray(x_dev.get(stream=stream), stream=stream, ipc=True)
                     comm.register(x_reg)
                     keep.append(x_reg)
-                for algo in ("onestage", "twostage", "split", "auto"):
+                for algo in ("onestage", "twostage", "split", "lamport", "auto"):
                     in_place = algo in ("twostage", "split")
                     res_dev = pyar.asarray(residual, stream=stream)
+                    if algo == "lamport" and not lamport_takes(tokens, hidden, dtype):
+                        sc.expect_raises(ValueError, lambda: comm.allreduce_rmsnorm(
+                            x_dev, res_dev, w_dev, EPS, stream=stream, algo="lamport"),
+                            f"{dtype.name} {tokens}x{hidden} lamport", ("algo='lamport'",))
+                        continue
                     out = pyar.empty((tokens, hidden), dtype, stream=stream)
                     got = comm.allreduce_rmsnorm(
                         x_reg if registered else x_dev, res_dev, w_dev, EPS, out=out,
@@ -423,7 +447,7 @@ def adversarial_mode(sc, wrap=False):
     comm, kernels, streams = setup(sc, timeout=60.0)
     bf16 = np.dtype(ml_dtypes.bfloat16)
     keep = []
-    for a, algo in enumerate(VARIANTS if wrap else ADVERSARIAL_VARIANTS):
+    for a, algo in enumerate(WRAP_VARIANTS if wrap else ADVERSARIAL_VARIANTS):
         for registered in (False, True):
             work = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group",
                                  (a, registered), registered, MAIN_LEVEL)
@@ -446,14 +470,18 @@ def adversarial_mode(sc, wrap=False):
     keep.clear()
 
 
-def control_mode(sc, kernels_path, start=False):
-    """Registered inputs under CONTROL_LEVEL; with ``start``, staged inputs and only the
-    last rank delayed, before every call."""
+def control_mode(sc, mode, kernels_path):
+    """"control": the barrier variants, registered inputs under CONTROL_LEVEL;
+    "control-start" (one-stage, two-stage) and "control-lamport": staged
+    inputs and only the last rank delayed, before every call."""
     bf16 = np.dtype(ml_dtypes.bfloat16)
+    start = mode != "control"
     late = sc.rank == sc.world - 1
     level = Level(1.0 if late else 0.0, 300, 0.0, 0, 1) if start else CONTROL_LEVEL
     registered = not start
-    for a, algo in enumerate(VARIANTS if start else ADVERSARIAL_VARIANTS):
+    variants = {"control": BARRIER_VARIANTS, "control-start": VARIANTS,
+                "control-lamport": ("lamport",)}[mode]
+    for a, algo in enumerate(variants):
         key = (10 + a, 1)
         comm, kernels, streams = setup(sc, timeout=60.0)
         expected = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group", key,
@@ -462,6 +490,9 @@ def control_mode(sc, kernels_path, start=False):
         comm, kernels, streams = setup(sc, timeout=1.0, kernels=kernels_path)
         work = FusedWorkload(sc, comm, kernels, streams, bf16, algo, "fp8_per_group", key,
                              registered, level, expected)
+        # The ranks start the calls together: the 1 s timeout is for the
+        # kernels, not for one rank's slower setup.
+        sc.mpi.Barrier()
         started = time.monotonic()
         calls = found = timeouts = 0
         while calls < CONTROL_CALLS and time.monotonic() - started < CONTROL_SECONDS:
@@ -473,7 +504,7 @@ def control_mode(sc, kernels_path, start=False):
                 break  # this communicator refuses further calls
             if found:
                 break
-        sc.report(test="fused-control-start" if start else "fused-control", algo=algo,
+        sc.report(test=f"fused-{mode}", algo=algo,
                   build=control_build(kernels_path), dtype=bf16.name,
                   variant="registered" if registered else "staged",
                   calls=calls, mismatches=found, timeouts=timeouts,
@@ -668,13 +699,13 @@ def main(sc):
         unfused_mode(sc)
     elif mode in ("adversarial", "wrap"):
         adversarial_mode(sc, wrap=mode == "wrap")
-    elif mode in ("control", "control-start"):
-        control_mode(sc, sc.argv[1], start=mode == "control-start")
+    elif mode in ("control", "control-start", "control-lamport"):
+        control_mode(sc, mode, sc.argv[1])
     elif mode == "serve":
         serve_mode(sc)
     else:
         raise SystemExit(f"unknown mode {mode!r}: random | unfused | adversarial | wrap | "
-                         "control PATH | control-start PATH | serve")
+                         "control PATH | control-start PATH | control-lamport PATH | serve")
 
 
 if __name__ == "__main__":
