@@ -34,6 +34,7 @@ would hold the host loop until that kernel ends:
     mpirun -n 8 --oversubscribe python benchmarks/launch_overhead.py --collectives
 """
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -331,22 +332,44 @@ def _collective_row(case, impl, nbytes, result):
     return row
 
 
-def _checked_every_call(comm):
-    """The communicator with plans disabled: every call checks and plans."""
-    comm._replay_allreduce = lambda *args: None
-    comm._replay_rmsnorm = lambda *args: None
-    comm._remember = lambda *args, **kwargs: None
+@contextlib.contextmanager
+def _checked_every_call():
+    """Plans disabled inside the block: every call checks and plans.  The
+    per-call path neither replays nor remembers a call on a capturing stream,
+    so it is told that every stream captures; the checks ask the stream itself."""
+    from pyar.comm import _eager
+    asks = _eager.stream_is_capturing
+    _eager.stream_is_capturing = lambda handle: True
+    try:
+        yield
+    finally:
+        _eager.stream_is_capturing = asks
 
 
-def _plans_enabled(comm):
-    for name in ("_replay_allreduce", "_replay_rmsnorm", "_remember"):
-        comm.__dict__.pop(name, None)
+def _planned_launch(comm, x, out, stream):
+    """The one launch pyar.comm.plan.allreduce gives ``comm.allreduce(x, out=out)``,
+    recorded from a checked call (only its checks look up a registered input's table)."""
+    from pyar.comm import plan
+    planned = []
+    planner = plan.allreduce
+
+    def recorded(*args):
+        planned.append(planner(*args))
+        return planned[-1]
+
+    plan.allreduce = recorded
+    try:
+        with _checked_every_call():
+            comm.allreduce(x, out=out, stream=stream)
+    finally:
+        plan.allreduce = planner
+    (launch,), = planned
+    return launch
 
 
 def measure_collectives(options, mpi, comm, stream):
     """Rows for whole eager calls at ``options.collective_bytes`` on this world."""
     import pyar
-    from pyar.comm import algorithms
     rows = []
     world = comm.world
     nbytes = options.collective_bytes
@@ -366,22 +389,20 @@ def measure_collectives(options, mpi, comm, stream):
     rows.append(_collective_row("empty kernel", "pyar Function.launch", 0,
                                 timed(empty.launch, (1, 1, (), 0, stream))))
     if world > 1:
-        table = comm._registry.lookup(registered.ptr, registered.nbytes)
-        chosen = algorithms.choose(nbytes, world)
-        (_, function, grid, block, args, _, _), = comm._allreduce_steps(
-            registered, y, chosen, table)
+        launch = _planned_launch(comm, registered, y, stream)
         rows.append(_collective_row("all-reduce kernel alone (registered input)",
                                     "pyar Function.launch", nbytes,
-                                    timed(function.launch, (grid, block, (*args, 0), 0, stream))))
+                                    timed(launch.function.launch,
+                                          (launch.grid, launch.block, (*launch.args, 0), 0,
+                                           stream))))
     for name, x in (("registered", registered), ("staged", staged)):
         call = lambda x=x: comm.allreduce(x, out=y, algo=algo, stream=stream)
         rows.append(_collective_row(f"comm.allreduce(x, out=y), {name}, pyar arrays",
                                     "pyar, plan replayed", nbytes, timed(call, ())))
-        _checked_every_call(comm)
-        rows.append(_collective_row(f"comm.allreduce(x, out=y), {name}, pyar arrays",
-                                    "pyar, checked every call (before)", nbytes,
-                                    timed(call, ())))
-        _plans_enabled(comm)
+        with _checked_every_call():
+            rows.append(_collective_row(f"comm.allreduce(x, out=y), {name}, pyar arrays",
+                                        "pyar, checked every call (before)", nbytes,
+                                        timed(call, ())))
     rows += _cupy_collective_rows(options, comm, stream, timed, host, nbytes)
     if world > 1:
         rows += _fused_rows(comm, stream, timed)
@@ -444,10 +465,10 @@ def _fused_rows(comm, stream, timed):
     call = lambda: comm.allreduce_rmsnorm(x, residual, weight, out=out, stream=stream)
     rows = [_collective_row("comm.allreduce_rmsnorm, 1 token x 4096 bf16, staged",
                             "pyar, plan replayed", x.nbytes, timed(call, ()))]
-    _checked_every_call(comm)
-    rows.append(_collective_row("comm.allreduce_rmsnorm, 1 token x 4096 bf16, staged",
-                                "pyar, checked every call (before)", x.nbytes, timed(call, ())))
-    _plans_enabled(comm)
+    with _checked_every_call():
+        rows.append(_collective_row("comm.allreduce_rmsnorm, 1 token x 4096 bf16, staged",
+                                    "pyar, checked every call (before)", x.nbytes,
+                                    timed(call, ())))
     return rows
 
 

@@ -80,10 +80,11 @@ def build_kernels(out_dir, arch):
               f"into {folder}")
 
 
-def _timed(comm, graph, stream, replays, hip):
-    """GPU µs per all-reduce over ``replays`` replays of ``graph``."""
+def _timed(mpi, graph, stream, replays, hip):
+    """GPU µs per all-reduce over ``replays`` replays of ``graph`` (the ranks of
+    ``mpi`` start together)."""
     start, end = hip.Event(), hip.Event()
-    comm._node.Barrier()
+    mpi.Barrier()
     start.record(stream)
     for _ in range(replays):
         graph.replay()
@@ -104,7 +105,8 @@ def measure(options):
                if not os.path.exists(os.path.join(options.baseline, name, "allreduce.fatbin"))]
     if missing:
         raise SystemExit(f"{options.baseline} lacks {missing}: build it with --build-baseline")
-    comm = pyar.Communicator(MPI.COMM_WORLD)
+    mpi = MPI.COMM_WORLD  # the communicators' ranks: one node
+    comm = pyar.Communicator(mpi)
     world, rank = comm.world, comm.rank
     if world < 2:
         raise SystemExit("run under mpirun with 2 to 8 ranks")
@@ -113,20 +115,23 @@ def measure(options):
     x = pyar.asarray(np.full(count, rank + 1, np.float32), stream=stream)
     outs = {name: pyar.empty((count,), np.float32, stream=stream) for name in KERNELS}
     comm.allreduce(x, out=outs[SHIPPED], stream=stream)  # stages x into the scratch read
-    old_comm = pyar.Communicator(MPI.COMM_WORLD)
+    old_comm = pyar.Communicator(mpi)
     old_comm.allreduce(x, out=outs[SHIPPED], stream=stream)  # the same, for the oldest kernel
     stream.synchronize()
-    comm._node.Barrier()  # every rank's staging call is done before its Signal is cleared
-    hip.memset(old_comm._buffer.ptr, 0, old_comm._layout.signal_bytes)
+    mpi.Barrier()  # every rank's staging call is done before its Signal is cleared
+    # The Signal area is the start of the communicator's buffer, up to its scratch.
+    signal_bytes = layout.KernelLayout(old_comm.load_module("allreduce")).signal_bytes
+    hip.memset(old_comm.geometry.scratch - signal_bytes, 0, signal_bytes)
     hip.device_synchronize()
-    comm._node.Barrier()
+    mpi.Barrier()
 
     entry = f"pyar_allreduce_{options.algo.replace('shot', '_shot')}_f32_w{world}"
     modules = {name: hip.Module.from_file(os.path.join(options.baseline, name,
                                                        "allreduce.fatbin"))
                for name in KERNELS}
+    threads = comm.geometry.threads
     work = count // 4 if options.algo == "oneshot" else -(-count // 4 // world)
-    blocks = min(comm._max_blocks, max(1, -(-work // comm._layout.threads)))
+    blocks = min(comm.geometry.allreduce_blocks, max(1, -(-work // threads)))
     signature = layout.signature(options.algo, count, x.dtype, registered=False)
 
     def launcher(name):
@@ -136,14 +141,14 @@ def measure(options):
         # staged it).
         oldest = name == BASELINE_COMMIT
         stages = KERNELS[name][0] not in (BASELINE_COMMIT, PREVIOUS_COMMIT)
-        on = old_comm if oldest else comm
+        on = (old_comm if oldest else comm).geometry
         kernel = modules[name].get_function(
             entry, ("ptr", "uint64", *(("ptr",) if stages else ()), "ptr", "ptr", "uint64",
                     "uint64", *(() if oldest else ("uint64",)), "uint32"))
-        arguments = (on._staged_table.ptr, 0, *((0,) if stages else ()), outs[name].ptr,
-                     on._state.ptr, count, on._timeout_ns,
+        arguments = (on.staged_table, 0, *((0,) if stages else ()), outs[name].ptr,
+                     on.state, count, on.timeout_ns,
                      *(() if oldest else (signature,)), 0)
-        return lambda: kernel.launch(blocks, comm._layout.threads, arguments, stream=stream)
+        return lambda: kernel.launch(blocks, threads, arguments, stream=stream)
 
     graphs = {}
     for name in KERNELS:
@@ -154,17 +159,17 @@ def measure(options):
         graphs[name] = graph
     samples = {name: [] for name in graphs}
     for name, graph in graphs.items():  # warm-up
-        _timed(comm, graph, stream, 5, hip)
+        _timed(mpi, graph, stream, 5, hip)
     for _ in range(options.repeats):
         for name, graph in graphs.items():
-            samples[name].append(_timed(comm, graph, stream, options.replays, hip))
+            samples[name].append(_timed(mpi, graph, stream, options.replays, hip))
     expected = world * (world + 1) / 2
     wrong = {name: int(np.count_nonzero(out.get(stream) != expected))
              for name, out in outs.items()}
     comm.synchronize(stream)
-    medians = {name: comm._node.allreduce(statistics.median(v), op=MPI.MAX)
+    medians = {name: mpi.allreduce(statistics.median(v), op=MPI.MAX)
                for name, v in samples.items()}
-    wrong = {name: comm._node.allreduce(w) for name, w in wrong.items()}
+    wrong = {name: mpi.allreduce(w) for name, w in wrong.items()}
     if rank == 0:
         base, shipped = medians[BASELINE_COMMIT], medians[SHIPPED]
         rows = [{"world": world, "bytes": options.bytes, "algo": options.algo, "kernel": name,

@@ -7,7 +7,7 @@
 # benchmarks/versus_torch.py (NCCL, torch symmetric memory) at those worlds.
 #
 #   OUT=/tmp/pyar-out scripts/gpu_suite.sh            # everything
-#   PYAR_SUITE_TESTS="tests/gpu/test_runtime_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
+#   PYAR_SUITE_TESTS="tests/gpu/test_runtime_launch_gpu.py" PYAR_SUITE_BENCH=0 scripts/gpu_suite.sh
 #
 # PYAR_SUITE_K selects tests (pytest -k), PYAR_SUITE_BENCH_ARGS adds pyar.bench
 # arguments (e.g. "--iters 20"), PYAR_SUITE_FUSED_ARGS those of pyar.bench --fused,

@@ -5,10 +5,12 @@ imports refused as outputs.
 The registry runs for real over stand-ins: a node communicator of one rank
 that records its barriers, resources that record the device wait, and peer
 mappings (the real PeerMappings) opened from made-up handles of two peers.
-The communicator is tests/test_eager_cpu.py's (``__new__`` plus the
-attributes the calls read, recording kernels and copies).  Nothing is
-dereferenced; tests/gpu/test_buffers_gpu.py runs the same on the GPU.
+The communicator is assembled over that registry and node with the
+stand-ins of tests/comm_stand_ins.py (recording kernels, plans compiled into
+a recording sequence, copies recorded).  Nothing is dereferenced;
+tests/gpu/test_buffers_gpu.py runs the same on the GPU.
 """
+import contextlib
 import types
 import weakref
 
@@ -22,42 +24,42 @@ from pyar import _hip  # noqa: E402
 from pyar.array import device_array  # noqa: E402
 from pyar.comm import registry, resources  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout, MismatchError  # noqa: E402
+from tests.comm_stand_ins import array, assemble, captured_graph  # noqa: E402
+from tests.comm_stand_ins import sequences  # noqa: E402,F401 - a fixture
 from tests.readonly_exports import DLPackExport, InterfaceExport, JaxLikeExport  # noqa: E402
-from tests.test_eager_cpu import X, Y, Sequence, array, comm  # noqa: E402,F401 - the fixture
+from tests.test_eager_cpu import X, Y, checked  # noqa: E402
+from tests.test_eager_cpu import comm, copies, words  # noqa: E402,F401 - fixtures
 
 PEERS = 2  # made-up peers whose handles this rank maps
 
 
 class Node:
-    """A node communicator of one rank that records its barriers; ``fail``
-    makes the next barrier time out as a peer that never came would."""
+    """A node communicator that records its barriers; ``fail`` makes the
+    next barrier time out as a peer that never came would.  A communicator
+    over it has four ranks; its exchanges answer for this rank alone (the
+    peers' handles are made up: ``register`` below)."""
 
     def __init__(self, events):
         self.events = events
         self.failure = None
         self.fail = False
 
-    def Get_rank(self):
+    def Get_rank(self):  # noqa: N802 - mpi4py's names
         return 0
+
+    def Get_size(self):  # noqa: N802
+        return 4
 
     def allgather(self, value):
         return [value]
 
-    def Barrier(self):
+    def Barrier(self):  # noqa: N802
         if self.fail:
             raise CollectiveTimeout("unregister (host-side exchange)", (1,), 0, 1.0)
         self.events.append("barrier")
 
     def step(self, name):
-        return _NoStep()
-
-
-class _NoStep:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+        return contextlib.nullcontext()
 
 
 class Mapping:
@@ -86,13 +88,18 @@ def events():
 
 
 @pytest.fixture
-def buffers(monkeypatch, events):
+def node(events):
+    return Node(events)
+
+
+@pytest.fixture
+def buffers(monkeypatch, events, node):
     """A BufferRegistry whose peers export allocations 1 and 2 (handle byte 0)."""
     monkeypatch.setattr(resources._hip, "ipc_open", lambda handle: Mapping(handle, events))
     monkeypatch.setattr(registry._hip, "memcpy_htod", lambda dst, data: None)
     res = types.SimpleNamespace(device_memory=Memory, peers=resources.PeerMappings(),
                                 synchronize=lambda: events.append("synchronize"))
-    return registry.BufferRegistry(Node(events), res)
+    return registry.BufferRegistry(node, res)
 
 
 def peer_handles(allocation, offset):
@@ -155,19 +162,19 @@ def test_unregistering_what_is_not_registered_is_refused(buffers, events):
     assert events.count("synchronize") == 1
 
 
-def test_ranks_disagreeing_on_unregister_raise_mismatch(buffers):
+def test_ranks_disagreeing_on_unregister_raise_mismatch(buffers, node):
     x = device_buffer(X)
     register(buffers, x, allocation=1)
-    buffers._node.allgather = lambda value: [value, (value[0] + 4, value[1])]
+    node.allgather = lambda value: [value, (value[0] + 4, value[1])]
     with pytest.raises(MismatchError, match="unregistered buffer"):
         buffers.unregister(x)
     assert buffers.lookup(x.ptr, x.nbytes) is not None  # nothing was undone
 
 
-def test_a_peer_that_never_unregisters_leaves_the_buffer_alive(buffers, events):
+def test_a_peer_that_never_unregisters_leaves_the_buffer_alive(buffers, events, node):
     x = device_buffer(X)
     register(buffers, x, allocation=1)
-    buffers._node.fail = True
+    node.fail = True
     with pytest.raises(CollectiveTimeout):
         buffers.unregister(x)
     # Not read in place any more, but the peer may still map it: kept.
@@ -187,27 +194,14 @@ def test_a_captured_buffers_table_is_never_handed_out_again(buffers):
 
 # --- the communicator's unregister and the per-call path's plans -------------------
 
-class Graph:
-    """A comm.capture() stand-in: open while ``executable`` is set."""
-
-    def __init__(self):
-        self.executable = object()
-        self.stream = types.SimpleNamespace(closed=False, is_capturing=False)
-
-    def close(self):
-        self.executable = None
-
-
 @pytest.fixture
-def registered_comm(comm, buffers):
-    """tests/test_eager_cpu.py's communicator with the real registry above."""
-    comm._registry = buffers
-    comm._node = buffers._node
-    comm._captures = weakref.WeakSet()
-    return comm
+def registered_comm(sequences, copies, buffers, node):
+    """A communicator over the real registry above and its node."""
+    return assemble(world=4, node=node, registry=buffers)
 
 
-def test_unregister_sends_replayed_calls_back_to_staging(registered_comm, monkeypatch):
+def test_unregister_sends_replayed_calls_back_to_staging(registered_comm, sequences, copies,
+                                                         monkeypatch):
     comm = registered_comm
     monkeypatch.setattr(registry._hip, "ipc_get_handle",
                         lambda ptr: _hip.IpcHandle(b"\1" * 64, 0, 1 << 20))
@@ -215,14 +209,14 @@ def test_unregister_sends_replayed_calls_back_to_staging(registered_comm, monkey
     comm.register(x)
     comm.allreduce(x, out=y)
     comm.allreduce(x, out=y)  # replayed, read in place: nothing to stage
-    assert len(Sequence.made[0].runs) == 1
-    assert comm.function.launches[-1][2][2] == 0
+    assert len(sequences[0].runs) == 1
+    assert checked(comm)[-1][3][2] == 0
     comm.unregister(x)
     comm.allreduce(x, out=y)
-    assert comm.prepared == 2  # planned again ...
-    (_, _, args, _), = comm.function.launches[-1:]
-    assert args[:3] == (comm._staged_table.ptr, 0, X)  # ... staged by the kernel
-    assert comm.copies == []
+    assert len(checked(comm)) == 2  # planned again ...
+    (_, _, _, args), = checked(comm)[-1:]
+    assert args[:3] == (comm.geometry.staged_table, 0, X)  # ... staged by the kernel
+    assert copies == []
 
 
 def test_unregister_is_refused_while_a_graph_that_read_it_is_open(registered_comm, buffers):
@@ -230,8 +224,7 @@ def test_unregister_is_refused_while_a_graph_that_read_it_is_open(registered_com
     x = array(X)
     register(buffers, x, allocation=1)
     buffers.defer(x)  # a capture read x in place
-    graph = Graph()
-    comm._captures.add(graph)
+    graph = captured_graph(comm)
     with pytest.raises(ValueError, match="still open or capturing"):
         comm.unregister(x)
     assert buffers.lookup(x.ptr, x.nbytes) is not None
@@ -263,15 +256,15 @@ def test_writable_exports_stay_writable():
 
 
 @pytest.mark.parametrize("kind", READ_ONLY_EXPORTS)
-def test_read_only_imports_are_refused_as_outputs(comm, kind, monkeypatch):
+def test_read_only_imports_are_refused_as_outputs(comm, sequences, kind, monkeypatch):
     # The interface names no device: the view asks the pointer, on device 0 here.
     monkeypatch.setattr(device_array, "pointer_device", lambda ptr: 0)
     x, y = array(X), array(Y)
     comm.allreduce(x, out=y)  # planned with a writable output at the same address
-    launches = len(comm.function.launches)
+    launches = len(checked(comm))
     with pytest.raises(ValueError, match="out is a read-only array"):
         comm.allreduce(x, out=READ_ONLY_EXPORTS[kind]())
-    assert len(comm.function.launches) == launches and len(Sequence.made[0].runs) == 0
+    assert len(checked(comm)) == launches and len(sequences[0].runs) == 0
     # As an input it is only read: accepted.
     comm.allreduce(READ_ONLY_EXPORTS[kind](), out=array(X))
-    assert len(comm.function.launches) == launches + 1
+    assert len(checked(comm)) == launches + 1

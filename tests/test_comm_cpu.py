@@ -1,12 +1,14 @@
 """The communicator layer without a GPU (tier a): algorithm choice, the byte
-layout shared with the kernels, the host/kernel calling convention, the
-exceptions, argument validation, and the MPI exchange helpers under mpirun
-(tests/mpi/comm_cpu_exchange.py).
+layout and entry points shared with the kernels (pyar.comm.layout,
+pyar.comm.kernels), the call signature, the exceptions, argument validation,
+the buffer registry's table pool, and the MPI exchange helpers under mpirun
+(tests/mpi/comm_cpu_exchange.py).  The planner and a node communicator's
+calls: tests/test_node_calls_cpu.py; connecting a node (block caps, peer
+access): tests/test_connection_cpu.py.
 
 Importing pyar.comm initializes MPI in this process (a singleton, no mpirun
 needed); the multi-rank checks run under mpirun.
 """
-import ctypes
 import os
 import pickle
 import re
@@ -22,8 +24,11 @@ pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
 import pyar  # noqa: E402
-from pyar.comm import algorithms, communicator, exchange, layout, registry, topology  # noqa: E402
+from pyar.comm import (  # noqa: E402
+    algorithms, communicator, exchange, factory, kernels, layout, registry,
+)
 from pyar.comm.errors import CollectiveTimeout, MismatchError, PeerAccessError  # noqa: E402
+from tests.comm_stand_ins import RecordingModule  # noqa: E402
 from tests.mpi_launch import ROOT, run_scenario  # noqa: E402
 
 KERNELS = os.path.join(ROOT, "src", "kernels")
@@ -90,7 +95,7 @@ def test_validate_rejects(algo):
 # --- the byte layout shared with the kernels ---------------------------------------
 
 def test_layout_sizes():
-    assert layout.PACK_BYTES == 16
+    assert kernels.PACK_BYTES == 16
     assert layout.TABLE_BYTES == 64
     for world in range(0, 9):
         signals = [0x1000 * (r + 1) for r in range(world)]
@@ -151,13 +156,13 @@ def test_layout_matches_the_kernel_structs(kernel_source):
     # The error record: [0] failed, [1 + r] rank r missing, [1 + kMaxRanks] the call;
     # then the mismatch word and two words per rank's signature (PLAN section 1).
     assert "s.error[1 + kMaxRanks]" in kernel_source and "s.error[1 + peer]" in kernel_source
-    assert (communicator._FAILED, communicator._MISSING, communicator._CALL) == (0, 1, 9)
-    assert (communicator._MISMATCH, communicator._SIGNATURES) == (10, 11)
-    assert communicator._ERROR_WORDS == 28 >= 11 + 2 * communicator.MAX_WORLD
+    assert (kernels.FAILED, kernels.MISSING, kernels.CALL) == (0, 1, 9)
+    assert (kernels.MISMATCH, kernels.SIGNATURES) == (10, 11)
+    assert kernels.ERROR_WORDS == 28 >= 11 + 2 * communicator.MAX_WORLD
     assert "s.error[2 + kMaxRanks], 1u" in kernel_source  # the mismatch word
     assert "s.error[3 + kMaxRanks + 2 * threadIdx.x]" in kernel_source  # low half, high next
     words = re.search(r"constexpr int kErrorWords = (\d+) \+ (\d+) \* kMaxRanks;", kernel_source)
-    assert words and int(words[1]) + int(words[2]) * 8 <= communicator._ERROR_WORDS
+    assert words and int(words[1]) + int(words[2]) * 8 <= kernels.ERROR_WORDS
     # The layout global lists what KernelLayout reads, in its order.
     init = re.search(r"pyar_allreduce_layout\[(\d+)\] = \{(.*?)\};", kernel_source, re.S)
     assert init, "pyar_allreduce_layout not found"
@@ -168,17 +173,6 @@ def test_layout_matches_the_kernel_structs(kernel_source):
                        "offsetof(pyar::Signal, some_block_failed)"]
     assert layout._LAYOUT_FIELDS == ("signal_bytes", "max_blocks", "max_ranks", "state_bytes",
                                      "threads", "failed_offset")
-
-
-class _RecordingModule:
-    """Stands in for a loaded code object: records the kernels asked for."""
-
-    def __init__(self):
-        self.requests = []
-
-    def get_function(self, name, argtypes=()):
-        self.requests.append((name, tuple(argtypes)))
-        return object()
 
 
 def _kernel_entries(source):
@@ -196,7 +190,7 @@ def _kernel_entries(source):
 
 
 def test_host_launches_kernels_the_source_defines(kernel_source):
-    """Names and parameter lists the Communicator asks for exist in allreduce.cu."""
+    """Names and parameter lists a world's kernel set asks for exist in allreduce.cu."""
     names, ctypes = _kernel_entries(kernel_source)
     assert len(names) == 2 * 3 * 7, sorted(names)
     kinds = {"const pyar::InputTable *": "ptr", "pyar::Pack16 *": "ptr",
@@ -204,119 +198,21 @@ def test_host_launches_kernels_the_source_defines(kernel_source):
              "uint64_t": "uint64", "uint32_t": "uint32"}
     expected_argtypes = tuple(kinds[c] for c in ctypes)
     for world in range(2, 9):
-        comm = communicator.Communicator.__new__(communicator.Communicator)
-        comm.world = world
-        comm._functions = {}
-        comm._module = _RecordingModule()
+        module = RecordingModule()
+        kernel_set = kernels.KernelSet(world, module, RecordingModule(), rows=None)
         for algo in algorithms.ALGORITHMS:
-            for dtype in communicator._KERNEL_TYPES:
-                comm._function(algo, dtype)
-                comm._function(algo, dtype)  # cached: asked once
-        assert len(comm._module.requests) == 6
-        for name, argtypes in comm._module.requests:
+            for dtype in kernels.DTYPE_NAMES:
+                kernel_set.allreduce(algo, dtype)
+                kernel_set.allreduce(algo, dtype)  # cached: asked once
+        assert len(module.requests) == 6
+        for name, argtypes in module.requests:
             assert name in names, name
             assert argtypes == expected_argtypes, (name, argtypes, ctypes)
 
 
-class _RecordingFunction:
-    def __init__(self):
-        self.launches = []
-
-    def launch(self, grid, block, args=(), shared_mem=0, stream=None):
-        self.launches.append((grid, block, tuple(args)))
-
-
-def _chunking_comm(monkeypatch, max_size):
-    """(communicator of 4 ranks without a GPU, the kernel it launches recording each
-    launch, the copies queued): enough of a Communicator for _allreduce_steps."""
-    comm = communicator.Communicator.__new__(communicator.Communicator)
-    comm.world, comm.max_size, comm._calls, comm._call_log = 4, max_size, 0, {}
-    comm._layout = types.SimpleNamespace(threads=512)
-    comm._max_blocks = 3
-    comm._buffer = types.SimpleNamespace(ptr=0x5000_0000_0000)
-    comm._scratch_offset = 0x1000
-    comm._staged_table = types.SimpleNamespace(ptr=0x5100_0000_0000)
-    comm._state = types.SimpleNamespace(ptr=0x5200_0000_0000)
-    comm._timeout_ns = 10**9
-    function = _RecordingFunction()
-    comm._function = lambda algo, dtype: function
-    copies = []
-    monkeypatch.setattr(communicator._hip, "memcpy_dtod",
-                        lambda dst, src, n, stream=None: copies.append((dst, src, n)))
-    return comm, function, copies
-
-
-def test_a_chunked_call_never_agrees_with_calls_of_its_chunks(monkeypatch):
-    """One rank's all-reduce of two chunks against another's two all-reduces of one
-    chunk each: the launches pair up with the same element counts, and only the
-    signature's "more chunks follow" bit tells the first pair apart, so the start
-    barrier's check fails there instead of each rank summing the other's halves."""
-    max_size = 4096
-    signatures = {}
-    for name, sizes in (("one call", [4096]), ("two calls", [2048, 2048])):
-        comm, function, _ = _chunking_comm(monkeypatch, max_size)
-        for size in sizes:
-            x = pyar.DeviceArray.from_pointer(0x7000_0000_0000, (size,), np.float16, device=0)
-            for step in comm._allreduce_steps(x, x, "twoshot", 0x5300_0000_0000):
-                comm._run_step(step, None)
-        signatures[name] = [args[7] for _, _, args in function.launches]
-    one, two = signatures["one call"], signatures["two calls"]
-    assert len(one) == len(two) == 2
-    decoded = [layout.decode_signature(v) for v in one + two]
-    assert {d.elements for d in decoded} == {2048}
-    assert one[0] != two[0] and one[1] == two[1]
-
-
-@pytest.mark.parametrize("registered, x_ptr", [(None, 0x7000_0000_0000),
-                                               (None, 0x7000_0000_0002),
-                                               (0x5300_0000_0000, 0x7000_0000_0000)],
-                         ids=["staged", "staged-unaligned", "registered"])
-def test_launch_chunks_through_the_scratch_or_the_registered_table(monkeypatch, registered,
-                                                                   x_ptr):
-    """Messages larger than max_size go in chunks: staged ones read through the
-    staged table, each kernel copying its chunk into the scratch itself (no
-    copy queued; an input that is not 16-byte aligned is copied chunk by chunk
-    first and the kernel stages nothing), registered ones read in place at an
-    offset; parameters by the kernel's names."""
-    itemsize, max_size = 2, 4096
-    comm, function, copies = _chunking_comm(monkeypatch, max_size)
-    count = 2 * max_size // itemsize + 1000  # two whole chunks and a short one
-    x = pyar.DeviceArray.from_pointer(x_ptr, (count,), np.float16, device=0)
-    out = pyar.DeviceArray.from_pointer(0x7100_0000_0000, (count,), np.float16, device=0)
-    for step in comm._allreduce_steps(x, out, "twoshot", registered):
-        comm._run_step(step, None)
-    names = ["in", "in_offset", "stage_from", "out", "state", "n", "timeout_ns", "signature",
-             "call"]
-    firsts = [0, 2048, 4096]
-    assert len(function.launches) == 3
-    for number, (first, (grid, block, args)) in enumerate(zip(firsts, function.launches)):
-        got = dict(zip(names, args))
-        n = min(2048, count - first)
-        assert got["n"] == n and got["out"] == out.ptr + first * itemsize
-        assert got["call"] == number and got["state"] == comm._state.ptr
-        assert got["signature"] == layout.signature("twoshot", n, np.float16,
-                                                    registered is not None,
-                                                    more=first + n < count)
-        # Two-shot: each rank reduces a quarter of the chunk's packs, 512 threads a block.
-        assert (grid, block) == (min(3, max(1, -(-(n // 8 // 4) // 512))), 512)
-        aligned = x.ptr % 16 == 0
-        if registered is None:
-            assert (got["in"], got["in_offset"]) == (comm._staged_table.ptr, 0)
-            assert got["stage_from"] == (x.ptr + first * itemsize if aligned else 0)
-        else:
-            assert (got["in"], got["in_offset"], got["stage_from"]) == (
-                registered, first * itemsize // 16, 0)
-    if registered is None and x.ptr % 16:
-        scratch = comm._buffer.ptr + comm._scratch_offset
-        assert copies == [(scratch, x.ptr + f * itemsize, min(2048, count - f) * itemsize)
-                          for f in firsts]
-    else:
-        assert copies == []
-
-
 def test_kernel_dtypes():
     import ml_dtypes
-    assert set(communicator._KERNEL_TYPES) == {
+    assert set(kernels.DTYPE_NAMES) == {
         np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 
 
@@ -391,106 +287,6 @@ def test_signature_descriptions():
     assert "did not arrive" in layout.describe_signature(0)
 
 
-def _failed_comm(world, words):
-    """A communicator whose kernels left ``words`` in its error record."""
-    comm = communicator.Communicator.__new__(communicator.Communicator)
-    comm.world, comm.rank, comm.timeout, comm._call_log = world, 1, 2.0, {}
-    record = (ctypes.c_uint32 * communicator._ERROR_WORDS)()
-    for index, value in words.items():
-        record[index] = value
-    comm._error_words = record
-    comm._call_log[7] = "allreduce call 7 (twoshot, 4096 x bfloat16)"
-    return comm
-
-
-def _signature_words(signatures):
-    words = {}
-    for rank, value in enumerate(signatures):
-        words[communicator._SIGNATURES + 2 * rank] = value & 0xFFFFFFFF
-        words[communicator._SIGNATURES + 2 * rank + 1] = value >> 32
-    return words
-
-
-@pytest.mark.parametrize("world", [2, 4, 8])
-def test_a_recorded_mismatch_raises_naming_every_rank(world):
-    """The start barrier's record (PLAN section 1) becomes a MismatchError naming
-    every rank's decoded call; the communicator stays failed."""
-    calls = [layout.signature("twoshot", 4096, BF16, False)] * world
-    calls[-1] = layout.signature("twoshot", 4097, BF16, False)
-    comm = _failed_comm(world, {communicator._FAILED: 1, communicator._CALL: 7,
-                                communicator._MISMATCH: 1, **_signature_words(calls)})
-    with pytest.raises(MismatchError) as raised:
-        comm._check_kernel_failure()
-    text = str(raised.value)
-    assert text.startswith("allreduce call 7 (twoshot, 4096 x bfloat16) on rank 1: ")
-    for rank in range(world - 1):
-        assert f"rank {rank}: allreduce twoshot 4096 x bfloat16 staged;" in text
-    assert f"rank {world - 1}: allreduce twoshot 4097 x bfloat16 staged)" in text
-    assert "no rank read another's data" in text
-    assert comm._failure is raised.value
-    with pytest.raises(MismatchError):
-        comm._check_kernel_failure()  # read again, raised again
-    copy = pickle.loads(pickle.dumps(raised.value))
-    assert type(copy) is MismatchError and str(copy) == text
-
-
-def test_a_recorded_mismatch_names_dtypes_modes_and_quantization():
-    calls = [layout.signature("onestage", 4096, BF16, False, 1),
-             layout.signature("onestage", 4096, np.float16, True, 2),
-             layout.signature("split", 4096, BF16, False, 0)]
-    comm = _failed_comm(3, {communicator._FAILED: 1, communicator._CALL: 7,
-                            communicator._MISMATCH: 1, **_signature_words(calls)})
-    with pytest.raises(MismatchError, match=(
-            r"rank 0: allreduce_rmsnorm onestage 4096 x bfloat16 staged, fp8 quantization; "
-            r"rank 1: allreduce_rmsnorm onestage 4096 x float16 registered, mxfp4 "
-            r"quantization; rank 2: allreduce_rmsnorm split 4096 x bfloat16 staged, no "
-            r"quantization\)")):
-        comm._check_kernel_failure()
-
-
-def test_a_recorded_timeout_still_raises_collective_timeout():
-    comm = _failed_comm(4, {communicator._FAILED: 1, communicator._CALL: 7,
-                            communicator._MISSING + 3: 1})
-    with pytest.raises(CollectiveTimeout) as raised:
-        comm._check_kernel_failure()
-    assert raised.value.missing == (3,) and "allreduce call 7" in raised.value.call
-    assert raised.value.sequence == 7  # the calls before 7 completed on this rank
-
-
-def test_a_clean_record_raises_nothing():
-    _failed_comm(4, {})._check_kernel_failure()
-
-
-class _Occupancy:
-    def __init__(self, blocks):
-        self.blocks = blocks
-
-    def max_active_blocks_per_multiprocessor(self, threads):
-        assert threads == 512
-        return self.blocks
-
-
-@pytest.mark.parametrize("sharing, occupancy, cap", [
-    (1, 3, 128),  # alone on the GPU: every slot, within the layout's 128 blocks
-    (2, 2, 66),   # half the slots, 132 // 4 = 66: one block per multiprocessor in all
-    (2, 3, 66),   # half the slots would be 99: two ranks' grids on 198 multiprocessors
-    (3, 2, 44),
-    (3, 3, 44),   # 66 a rank starved the third rank on the H200
-    (4, 2, 33),
-    (8, 2, 16),
-    (8, 1, 8),    # half the slots is the tighter bound
-])
-def test_spinning_blocks_of_ranks_sharing_a_gpu_fit_one_a_multiprocessor(
-        monkeypatch, sharing, occupancy, cap):
-    comm = communicator.Communicator.__new__(communicator.Communicator)
-    comm.device = 0
-    comm._layout = types.SimpleNamespace(threads=512, max_blocks=128)
-    monkeypatch.setattr(communicator._hip, "Device",
-                        lambda device: types.SimpleNamespace(multiprocessor_count=132))
-    functions = [_Occupancy(occupancy + 1), _Occupancy(occupancy)]  # the lowest counts
-    assert comm._block_cap(sharing, functions) == cap
-
-
 # --- exceptions -------------------------------------------------------------------
 
 def test_collective_timeout_pickles():
@@ -525,7 +321,7 @@ def test_exceptions_are_exported_from_pyar():
     assert pyar.CollectiveTimeout is CollectiveTimeout
     assert pyar.MismatchError is MismatchError
     assert pyar.PeerAccessError is PeerAccessError
-    assert pyar.Communicator is communicator.Communicator
+    assert pyar.Communicator is factory.Communicator
     for name in ("CollectiveTimeout", "Communicator", "MismatchError", "PeerAccessError"):
         assert name in pyar.__all__
 
@@ -578,9 +374,9 @@ def test_communicator_needs_an_mpi_intracommunicator(comm):
 def test_exchange_helpers_on_one_rank():
     world = MPI.COMM_WORLD
     assert world.Get_size() == 1  # this process is an MPI singleton
-    node = exchange.node_local(world)
-    assert node.Get_size() == 1
-    node.Free()
+    split = exchange.ipc_split(world)
+    assert split.domain.Get_size() == 1 and split.rail is None
+    split.free()
     assert exchange.run_everywhere(world, lambda a, b: a + b, 2, 3) == 5
     with pytest.raises(KeyError):
         exchange.run_everywhere(world, {}.__getitem__, "missing")
@@ -633,92 +429,6 @@ def test_registry_refuses_a_capture_beyond_the_pool(monkeypatch):
     buffers.defer(types.SimpleNamespace(ptr=1 << 21, nbytes=256))  # tables were returned
 
 
-# --- peer access between the ranks' GPUs -------------------------------------------
-
-BUS = ["0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:5d:00.0"]
-
-
-class _FakeGpus:
-    """The devices a process is shown, by bus id, and which pairs reach each other."""
-
-    def __init__(self, shown, unreachable=()):
-        self.shown = shown
-        self.unreachable = {frozenset(pair) for pair in unreachable}
-        self.enabled = []
-        gpus = self
-
-        class Device:
-            def __init__(self, ordinal):
-                self.ordinal = ordinal
-                self.pci_bus_id = gpus.shown[ordinal]
-
-            def can_access_peer(self, peer):
-                return frozenset((self.pci_bus_id, gpus.shown[peer])) not in gpus.unreachable
-
-            def enable_peer_access(self, peer):
-                gpus.enabled.append((self.pci_bus_id, gpus.shown[peer]))
-
-        self.Device = Device
-
-    def get_device_count(self):
-        return len(self.shown)
-
-
-def _with_gpus(monkeypatch, gpus):
-    monkeypatch.setattr(topology, "_hip", gpus)
-    return gpus
-
-
-def test_peer_access_enabled_once_per_other_gpu(monkeypatch):
-    gpus = _with_gpus(monkeypatch, _FakeGpus(BUS))
-    # Ranks 0 and 1 share GPU 0; ranks 2, 3, 4 are on GPUs 1, 2, 3 (rank 4 shares with 3).
-    bus_ids = [BUS[0], BUS[0], BUS[1], BUS[2], BUS[2]]
-    topology.enable_peer_access(0, 1, bus_ids)
-    assert gpus.enabled == [(BUS[0], BUS[1]), (BUS[0], BUS[2])]
-    assert topology.ranks_sharing(bus_ids, 1) == 2 and topology.ranks_sharing(bus_ids, 2) == 1
-
-
-def test_one_shared_gpu_needs_no_peer_access(monkeypatch):
-    gpus = _with_gpus(monkeypatch, _FakeGpus(BUS[:1], unreachable=[(BUS[0], BUS[0])]))
-    topology.enable_peer_access(0, 2, [BUS[0]] * 4)
-    assert gpus.enabled == []
-
-
-def test_a_pair_without_peer_access_is_named(monkeypatch):
-    gpus = _with_gpus(monkeypatch, _FakeGpus(BUS, unreachable=[(BUS[1], BUS[3])]))
-    with pytest.raises(PeerAccessError) as raised:
-        topology.enable_peer_access(1, 1, BUS)  # rank 1 on GPU 1
-    error = raised.value
-    assert (error.rank, error.bus_id, error.peer_rank, error.peer_bus_id) == (
-        1, BUS[1], 3, BUS[3])
-    assert "rank 1" in str(error) and "rank 3" in str(error) and BUS[3] in str(error)
-    assert gpus.enabled == [(BUS[1], BUS[0]), (BUS[1], BUS[2])]  # those before it
-
-
-def test_gpus_this_process_is_not_shown_are_left_to_the_mapping(monkeypatch):
-    # CUDA_VISIBLE_DEVICES per rank: this process sees its own GPU only.
-    gpus = _with_gpus(monkeypatch, _FakeGpus([BUS[2]], unreachable=[(BUS[2], BUS[0])]))
-    topology.enable_peer_access(0, 2, BUS)
-    assert gpus.enabled == []
-
-
-def test_a_failed_peer_mapping_becomes_a_peer_access_error(monkeypatch):
-    comm = communicator.Communicator.__new__(communicator.Communicator)
-    comm.rank = 0
-
-    def refuse(handle):
-        raise pyar.HipError(217, "hipErrorPeerAccessUnsupported", "hipIpcOpenMemHandle",
-                            "peer access is not supported")
-
-    comm._resources = types.SimpleNamespace(peers=types.SimpleNamespace(open=refuse))
-    with pytest.raises(PeerAccessError, match="rank 2") as raised:
-        comm._open_peer(2, object(), [BUS[0], BUS[0], BUS[1]])
-    assert isinstance(raised.value.__cause__, pyar.HipError)
-    # A peer on this rank's own GPU is not a peer-access problem: the error stays.
-    with pytest.raises(pyar.HipError):
-        comm._open_peer(1, object(), [BUS[0], BUS[0], BUS[1]])
-
-
 # --- the exchange helpers under mpirun --------------------------------------------
 
 CPU_SCENARIO_ENV = {"PYAR_SCENARIO_WATCHDOG": "90"}
@@ -727,7 +437,7 @@ CPU_SCENARIO_ENV = {"PYAR_SCENARIO_WATCHDOG": "90"}
 @needs_mpirun
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_exchange_under_mpirun(nranks):
-    """node_local, run_everywhere (a step failing on some ranks raises on
+    """ipc_split, run_everywhere (a step failing on some ranks raises on
     all; the others' RuntimeError names the failing rank), check_agreement
     (MismatchError on every rank naming ranks and values), agree_min, and
     Communicator()'s collective checks before its first GPU call."""

@@ -2,7 +2,8 @@
 arithmetic of its pieces, the host-side sum in domain order, and under
 mpirun (tests/mpi/hierarchical_cpu.py) the split into IPC domains and rails,
 node_size from the argument and PYAR_RANKS_PER_NODE, domains of different
-sizes, the dispatch from pyar.Communicator and the inter-node sums, and
+sizes, the dispatch from pyar.Communicator (which hands its split to
+HierarchicalCommunicator) and the inter-node sums, and
 (tests/mpi/inter_node_cpu.py) the inter-node data path's choice and the
 device path's pipeline."""
 import shutil
@@ -88,9 +89,9 @@ def test_domains_and_rails_under_mpirun(nranks, mode):
 @needs_mpirun
 @pytest.mark.parametrize("nranks", [6, 8])  # shapes 6x1, 3x2, 2x3; 8x1, 4x2, 2x4
 def test_hierarchical_pipeline_with_host_stand_ins(nranks):
-    """HierarchicalCommunicator itself with host memory for device memory
-    and a stand-in for the domain's communicator (tests/mpi/
-    hierarchical_pipeline_cpu.py): every node shape of the world, many
+    """HierarchicalCommunicator, as pyar.Communicator builds it, with host
+    memory for device memory and a stand-in for the domain's communicator
+    (tests/mpi/hierarchical_pipeline_cpu.py): every node shape of the world, many
     pieces per call, exact bits in the documented order, identical on every
     rank, in place, capture refused, a skipped domain timing out."""
     _, rows = run_scenario("hierarchical_pipeline_cpu", nranks, timeout=300)

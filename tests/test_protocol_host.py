@@ -10,7 +10,7 @@ into the rank's scratch before its start barrier --, copied by the host first as
 that is not 16-byte aligned is, registered, in place, chunked) back to back, every rank overwriting its input as soon as its call returns (the seeds'
 pattern), with random delays of ranks and of GPU threads, and checks every result exactly
 (integer inputs; the fused kernels' normed output too, for its exact float32 bits). The
-fused kernels launch with the geometry of rmsnorm.row_launch at the host's thread counts
+fused kernels launch with the geometry of row_kernels.row_launch at the host's thread counts
 (at most 128 threads a row block), so small hidden sizes reach every packs-per-thread
 variant, and two-stage pushes its reduced packs into every rank's gather buffer (the
 partial region of each rank's buffer, as Communicator maps it).

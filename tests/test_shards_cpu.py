@@ -4,14 +4,15 @@ launches checked end to end against a host model of the kernels.
 
 The model runs the kernels as PLAN.md section 2 specifies them (which
 elements each launch reads through the input table, where it writes), on
-one byte array standing for every rank's memory: W Communicators made with
-``__new__``, staging copies recorded through a monkeypatched ``memcpy_dtod``,
-kernels recorded by stand-in functions.  The ranks' steps then run in
-lockstep, as the barriers order them: every rank's copies before a launch,
-then every rank's launch.  So a wrong offset, stride, chunk or staging copy
-on the host shows as a wrong sum here, before any GPU runs it.
+one byte array standing for every rank's memory: W NodeCommunicators
+assembled over the stand-ins of tests/comm_stand_ins.py (each rank's scratch
+and state in its part of the array), staging copies recorded through a
+monkeypatched ``memcpy_dtod``, kernels recorded by stand-in functions, plans
+compiled into a recording sequence.  The ranks' steps then run in lockstep,
+as the barriers order them: every rank's copies before a launch, then every
+rank's launch.  So a wrong offset, stride, chunk or staging copy on the host
+shows as a wrong sum here, before any GPU runs it.
 """
-import contextlib
 import os
 import re
 import sys
@@ -24,9 +25,14 @@ import pytest
 pytest.importorskip("mpi4py")
 
 import pyar  # noqa: E402
-from pyar.comm import communicator, layout, shards  # noqa: E402
+from pyar import _hip  # noqa: E402
+from pyar.comm import arguments, kernels, layout, shards  # noqa: E402
+from pyar.comm.errors import CollectiveTimeout  # noqa: E402
+from tests.comm_stand_ins import (  # noqa: E402
+    RecordingModule, RegistryStandIn, assemble, error_record,
+)
+from tests.comm_stand_ins import sequences  # noqa: E402,F401 - a fixture
 from tests.mpi_launch import ROOT  # noqa: E402
-from tests.test_comm_cpu import _RecordingModule  # noqa: E402
 
 F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 DTYPES = (F32, F16, BF16)
@@ -100,65 +106,46 @@ STAGED_TABLE, REGISTERED_TABLE = 0x20_0000_0000, 0x30_0000_0000
 
 
 class Kernel:
-    """A recording stand-in for one reduce_scatter/all_gather kernel."""
+    """A recording stand-in for one reduce_scatter/all_gather kernel: its
+    launches go to its rank's ``events``."""
 
-    def __init__(self, operation, dtype, out_dtype):
+    def __init__(self, operation, dtype, out_dtype, events):
         self.operation, self.dtype, self.out_dtype = operation, dtype, out_dtype
-        self.argtypes = communicator._SHARD_TYPES
-        self.events = None  # the rank's event list, set per rank
+        self.argtypes = kernels.SHARD_ARGS
+        self.events = events
 
     def launch(self, grid, block, args=(), shared_mem=0, stream=None):
         assert len(args) == len(self.argtypes)
         self.events.append(("kernel", self, grid, block, tuple(args)))
 
 
-class Sequence:
-    """Records what a plan was compiled from and each replay (pyar/comm/_eager.pyx)."""
+class RankKernels:
+    """The shard kernels of one rank (a kernels.KernelSet stand-in)."""
 
-    def __init__(self):
-        self.steps, self.runs = [], []
+    def __init__(self, events):
+        self.events = events
 
-    def add_copy(self, dst, src, size, out_offset=None):
-        self.steps.append(("copy", dst, src, size))
-
-    def add_kernel(self, function, grid, block, args=(), shared_mem=0, *, call_arg=None,
-                   out_args=None):
-        self.steps.append(("kernel", function, grid, block, args, call_arg))
-
-    def run(self, stream, first_call=0, out=0):
-        self.runs.append((stream, first_call, out))
+    def shard(self, operation, dtype, out_dtype):
+        return Kernel(operation, dtype, out_dtype, self.events)
 
 
-def _rank(world, rank, max_size):
-    comm = communicator.Communicator.__new__(communicator.Communicator)
-    comm._node = types.SimpleNamespace(failure=None,
-                                       step=lambda name: contextlib.nullcontext())
-    comm.world, comm.rank, comm.device, comm.max_size = world, rank, 0, max_size
-    comm.debug, comm._closed, comm._failure = False, False, None
-    comm._calls, comm._call_log, comm._functions = 0, {}, {}
-    comm._layout = types.SimpleNamespace(threads=512)
-    comm._max_shard_blocks = 3
-    region = BASE + rank * REGION
-    comm._buffer = types.SimpleNamespace(ptr=region + SCRATCH_AT)
-    comm._scratch_offset = 0
-    comm._staged_table = types.SimpleNamespace(ptr=STAGED_TABLE)
-    comm._state = types.SimpleNamespace(ptr=region + STATE_AT)
-    comm._timeout_ns, comm.timeout = 10**9, 1.0
-    comm._error_words = None
-    comm.registered = {}  # (address, nbytes) -> table
-    comm._registry = types.SimpleNamespace(
-        lookup=lambda ptr, nbytes: comm.registered.get((ptr, nbytes)))
-    comm.events = []
-    comm.region = region
-    comm._sequence_type = Sequence
+class Rank:
+    """One rank of the model: its communicator (``comm``), the copies and
+    launches it queued in order (``events``), where its memory starts
+    (``region``), its buffer registry's tables ((address, nbytes) -> table)
+    and its error record (``words``)."""
 
-    def shard_function(operation, dtype, out_dtype):
-        kernel = Kernel(operation, dtype, out_dtype)
-        kernel.events = comm.events
-        return kernel
-
-    comm._shard_function = shard_function
-    return comm
+    def __init__(self, world, rank, max_size):
+        self.region = BASE + rank * REGION
+        self.state = self.region + STATE_AT
+        self.events = []
+        registry = RegistryStandIn()
+        self.registered = registry.tables
+        self.words = error_record()
+        self.comm = assemble(world, rank, max_size, kernels_=RankKernels(self.events),
+                             registry=registry, words=self.words, shard_blocks=3,
+                             scratch=self.region + SCRATCH_AT, state=self.state,
+                             staged_table=STAGED_TABLE)
 
 
 class Model:
@@ -167,10 +154,10 @@ class Model:
     def __init__(self, world, max_size, monkeypatch):
         self.world = world
         self.memory = np.zeros(world * REGION, np.uint8)
-        self.ranks = [_rank(world, r, max_size) for r in range(world)]
+        self.ranks = [Rank(world, r, max_size) for r in range(world)]
         self.current = None
-        monkeypatch.setattr(communicator._hip, "memcpy_dtod", self._record_copy)
-        self.tables = {STAGED_TABLE: [c.region + SCRATCH_AT for c in self.ranks]}
+        monkeypatch.setattr(_hip, "memcpy_dtod", self._record_copy)
+        self.tables = {STAGED_TABLE: [rank.region + SCRATCH_AT for rank in self.ranks]}
 
     def _record_copy(self, dst, src, nbytes, stream=None):
         self.current.events.append(("copy", dst, src, nbytes))
@@ -190,34 +177,34 @@ class Model:
                                              device=0)
 
     def register(self, arrays):
-        """Every rank's array in one input table, as Communicator.register leaves it."""
+        """Every rank's array in one input table, as register() leaves it."""
         table = REGISTERED_TABLE + len(self.tables) * 64
         self.tables[table] = [a.ptr for a in arrays]
-        for comm, a in zip(self.ranks, arrays):
-            comm.registered[(a.ptr, a.nbytes)] = table
+        for rank, a in zip(self.ranks, arrays):
+            rank.registered[(a.ptr, a.nbytes)] = table
 
     def call(self, method, per_rank):
-        """``method(comm, *per_rank[r])`` on every rank, recording its steps."""
+        """``method(*per_rank[r])`` of every rank's communicator, recording its steps."""
         results = []
-        for comm, args in zip(self.ranks, per_rank):
-            self.current = comm
-            results.append(getattr(comm, method)(*args))
+        for rank, args in zip(self.ranks, per_rank):
+            self.current = rank
+            results.append(getattr(rank.comm, method)(*args))
         self.current = None
         return results
 
     def run(self):
         """Every rank's recorded steps, a launch at a time across ranks."""
         segments = []
-        for comm in self.ranks:
+        for rank in self.ranks:
             steps, segment = [], []
-            for event in comm.events:
+            for event in rank.events:
                 segment.append(event)
                 if event[0] == "kernel":
                     steps.append(segment)
                     segment = []
             assert segment == [], "a copy after the last launch"
             segments.append(steps)
-            comm.events.clear()
+            rank.events.clear()
         counts = {len(s) for s in segments}
         assert len(counts) == 1, f"ranks launch different numbers of kernels: {counts}"
         launches = counts.pop()
@@ -236,7 +223,7 @@ class Model:
 
     def reduce_scatter(self, rank, kernel, table, in_offset, in_stride, out, state, n, shard,
                        first, count, timeout_ns, signature, call):
-        assert state == self.ranks[rank]._state.ptr
+        assert state == self.ranks[rank].state
         length = max(0, min(min(n, (rank + 1) * shard) - (rank * shard + first), count))
         total = np.zeros(length, np.float32)
         for pointer in self.tables[table]:  # rank order, in float32
@@ -246,12 +233,19 @@ class Model:
 
     def all_gather(self, rank, kernel, table, in_offset, in_stride, out, state, n, shard,
                    first, count, timeout_ns, signature, call):
-        assert state == self.ranks[rank]._state.ptr
+        assert state == self.ranks[rank].state
         itemsize = kernel.dtype.itemsize
         for q, pointer in enumerate(self.tables[table]):
             length = max(0, min(min(n, (q + 1) * shard) - (q * shard + first), count))
             self.view(out + (q * shard + first) * itemsize, length, kernel.dtype)[:] = \
                 self.view(pointer + in_offset * itemsize, length, kernel.dtype)
+
+
+@pytest.fixture
+def make_model(monkeypatch, sequences):
+    """``make_model(world, max_size)``: a Model whose ranks compile their plans
+    into recording sequences (``sequences``)."""
+    return lambda world, max_size: Model(world, max_size, monkeypatch)
 
 
 def _inputs(world, n, dtype, seed):
@@ -267,11 +261,11 @@ COUNTS = [1, 7, 37, 1003]
                                              (BF16, BF16), (BF16, F32)])
 @pytest.mark.parametrize("registered", [False, True], ids=["staged", "registered"])
 @pytest.mark.parametrize("max_size", [256, 1 << 16], ids=["chunked", "whole"])
-def test_reduce_scatter_plan_sums_each_shard(monkeypatch, world, dtype, out_dtype, registered,
+def test_reduce_scatter_plan_sums_each_shard(make_model, world, dtype, out_dtype, registered,
                                              max_size):
     """Integer-valued inputs: every shard's sum is exact in every dtype."""
     for n in COUNTS:
-        model = Model(world, max_size, monkeypatch)
+        model = make_model(world, max_size)
         inputs = _inputs(world, n, dtype, (world, n))
         xs = [model.array(r, X_AT, inputs[r]) for r in range(world)]
         if registered:
@@ -294,10 +288,10 @@ def test_reduce_scatter_plan_sums_each_shard(monkeypatch, world, dtype, out_dtyp
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("registered", [False, True], ids=["staged", "registered"])
 @pytest.mark.parametrize("max_size", [256, 1 << 16], ids=["chunked", "whole"])
-def test_all_gather_plan_concatenates_the_shards(monkeypatch, world, dtype, registered,
+def test_all_gather_plan_concatenates_the_shards(make_model, world, dtype, registered,
                                                  max_size):
     for n in COUNTS + [world * 64]:  # the last: shards of one length, read in place
-        model = Model(world, max_size, monkeypatch)
+        model = make_model(world, max_size)
         whole = _inputs(1, n, dtype, (world, n, 1))[0]
         xs = []
         for r in range(world):
@@ -312,21 +306,21 @@ def test_all_gather_plan_concatenates_the_shards(monkeypatch, world, dtype, regi
             assert np.array_equal(model.view(outs[r].ptr, n, dtype), whole), (n, r)
 
 
-def test_reduce_scatter_launch_arguments(monkeypatch):
+def test_reduce_scatter_launch_arguments(make_model):
     """Parameters by the kernel's names: staged and chunked, 3 ranks, float16 to float32."""
     world, n, max_size = 3, 1003, 256
-    model = Model(world, max_size, monkeypatch)
+    model = make_model(world, max_size)
+    rank = model.current = model.ranks[1]
     x = model.array(1, X_AT, np.ones(n, F16))
     out = model.empty(1, OUT_AT, shards.length(n, world, 2, 1), F32, 0)
-    model.current = model.ranks[1]
-    model.ranks[1].reduce_scatter(x, out)
+    rank.comm.reduce_scatter(x, out)
     names = ["in", "in_offset", "in_stride", "out", "state", "n", "shard", "first", "count",
              "timeout_ns", "signature", "call"]
-    kernels = [e for e in model.ranks[1].events if e[0] == "kernel"]
+    launches = [e for e in rank.events if e[0] == "kernel"]
     shard = shards.shard_size(n, world, 2)  # 336
     each = 40  # 256 bytes / 2 bytes / 3 ranks = 42 elements, whole packs of 8
-    assert len(kernels) == -(-shard // each)
-    for number, (_, kernel, grid, block, args) in enumerate(kernels):
+    assert len(launches) == -(-shard // each)
+    for number, (_, kernel, grid, block, args) in enumerate(launches):
         got = dict(zip(names, args))
         first = number * each
         assert got["first"] == first and got["count"] == min(each, shard - first)
@@ -336,33 +330,37 @@ def test_reduce_scatter_launch_arguments(monkeypatch):
         assert got["signature"] == layout.signature("reduce_scatter", n, F16, False, 1)
         assert (grid, block) == (1, 512)
         assert (kernel.operation, kernel.dtype, kernel.out_dtype) == ("reduce_scatter", F16, F32)
-    assert model.ranks[1]._call_log[0].startswith("reduce_scatter call 0 (1003 x float16 to "
-                                                  "float32")
+    # A timeout the kernels record for call 0 names the call as the log describes it.
+    rank.words[kernels.FAILED], rank.words[kernels.CALL], rank.words[kernels.MISSING] = 1, 0, 1
+    with pytest.raises(CollectiveTimeout) as raised:
+        rank.comm.reduce_scatter(x, out)
+    assert raised.value.call.startswith("reduce_scatter call 0 (1003 x float16 to float32")
 
 
-def test_a_repeated_call_replays_its_plan(monkeypatch):
+def test_a_repeated_call_replays_its_plan(make_model, sequences):
     """The second reduce_scatter/all_gather with the same arrays is not checked
     again: its plan (signature included) is queued as it was compiled."""
     world, n = 2, 1003
-    model = Model(world, 256, monkeypatch)
-    comm = model.ranks[0]
-    model.current = comm
+    model = make_model(world, 256)
+    rank = model.current = model.ranks[0]
+    comm = rank.comm
     x = model.array(0, X_AT, np.ones(n, BF16))
     out = model.empty(0, OUT_AT, shards.length(n, world, 2, 0), F32, 0)
     for _ in range(3):
         assert comm.reduce_scatter(x, out) is out
-    kernels = [e for e in comm.events if e[0] == "kernel"]
-    plan = comm._plans[next(k for k in comm._plans if k[0] == "reduce_scatter")]
-    assert len(plan.descriptions) == len(kernels) and plan.sequence.runs == [
-        (0, len(kernels), 0), (0, 2 * len(kernels), 0)]
-    planned = [step for step in plan.sequence.steps if step[0] == "kernel"]
-    assert [step[4][:-1] for step in planned] == [k[4][:-1] for k in kernels]
+    launches = [e for e in rank.events if e[0] == "kernel"]  # the checked call's only
+    (plan,) = sequences  # the reduce_scatter's
+    # Each replay numbers as many calls as the checked call launched kernels.
+    assert plan.runs == [(0, len(launches), 0), (0, 2 * len(launches), 0)]
+    planned = [step for step in plan.steps if step[0] == "kernel"]
+    assert [step[4][:-1] for step in planned] == [k[4][:-1] for k in launches]
     gathered = model.empty(0, OUT_AT + 4096, n, BF16, 0)
     shard = pyar.DeviceArray.from_pointer(x.ptr, (shards.length(n, world, 2, 0),), BF16,
                                           device=0)
     comm.all_gather(shard, gathered)
     comm.all_gather(shard, n=None, out=gathered)
-    assert len(comm._plans) == 2
+    assert len(sequences) == 2  # one plan for both all_gather calls
+    assert len(sequences[1].runs) == 1
 
 
 class FakeTorchTensor:
@@ -379,7 +377,7 @@ class FakeTorchTensor:
         return (1,)
 
 
-def test_a_replay_asks_the_current_stream_of_each_device(monkeypatch):
+def test_a_replay_asks_the_current_stream_of_each_device(monkeypatch, make_model):
     """An empty shard may live on another device than the communicator's.  A
     replayed all_gather asks PyTorch's current stream of every device its
     tensors are on: once the output's device has another current stream, the
@@ -388,48 +386,47 @@ def test_a_replay_asks_the_current_stream_of_each_device(monkeypatch):
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
         current_stream=lambda device: types.SimpleNamespace(cuda_stream=streams[device])))
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(communicator, "asarray", lambda t, stream=None: pyar.DeviceArray.from_pointer(
+    monkeypatch.setattr(arguments, "asarray", lambda t, stream=None: pyar.DeviceArray.from_pointer(
         t.ptr, t.shape, t.dtype, owner=t, device=t.device))
-    model = Model(4, 1 << 16, monkeypatch)
-    comm = model.current = model.ranks[3]
+    model = make_model(4, 1 << 16)
+    rank = model.current = model.ranks[3]
     n = 8  # one float16 pack, all on rank 0: rank 3's shard is empty
-    x = FakeTorchTensor(comm.region + X_AT, 0, F16, device=1)
-    out = FakeTorchTensor(comm.region + OUT_AT, n, F16, device=0)
+    x = FakeTorchTensor(rank.region + X_AT, 0, F16, device=1)
+    out = FakeTorchTensor(rank.region + OUT_AT, n, F16, device=0)
     for _ in range(3):  # checked, replayed by its key, replayed as the last call
-        comm.all_gather(x, out)
-    checked = len(comm.events)
-    comm.all_gather(x, out)
-    assert len(comm.events) == checked  # replayed
+        rank.comm.all_gather(x, out)
+    checked = len(rank.events)
+    rank.comm.all_gather(x, out)
+    assert len(rank.events) == checked  # replayed
     streams[0] = 0x77
-    comm.all_gather(x, out)
-    assert len(comm.events) > checked  # checked
+    rank.comm.all_gather(x, out)
+    assert len(rank.events) > checked  # checked
 
 
-def test_all_gather_launch_arguments(monkeypatch):
+def test_all_gather_launch_arguments(make_model):
     world, n = 2, 64
-    model = Model(world, 1 << 16, monkeypatch)
+    model = make_model(world, 1 << 16)
     x = model.array(0, X_AT, np.ones(32, F32))
     model.register([x, model.array(1, X_AT, np.ones(32, F32))])
     out = model.empty(0, OUT_AT, n, F32, 0)
-    model.current = model.ranks[0]
-    model.ranks[0].all_gather(x, out)
-    (event,) = model.ranks[0].events  # registered: no copy
-    assert event[4] == (model.ranks[0].registered[(x.ptr, x.nbytes)], 0, 0, out.ptr,
-                        model.ranks[0]._state.ptr, 64, 32, 0, 32, 10**9,
-                        layout.signature("all_gather", 64, F32, True), 0)
+    rank = model.current = model.ranks[0]
+    rank.comm.all_gather(x, out)
+    (event,) = rank.events  # registered: no copy
+    assert event[4] == (rank.registered[(x.ptr, x.nbytes)], 0, 0, out.ptr, rank.state, 64, 32,
+                        0, 32, 10**9, layout.signature("all_gather", 64, F32, True), 0)
 
 
 # --- argument errors --------------------------------------------------------------------
 
 @pytest.fixture
-def rank1(monkeypatch):
+def rank1(make_model):
     """Rank 1 of 4."""
-    return Model(4, 1 << 16, monkeypatch), 1
+    return make_model(4, 1 << 16), 1
 
 
 def test_reduce_scatter_refuses_a_wrong_out(rank1):
     model, r = rank1
-    comm = model.ranks[r]
+    comm = model.ranks[r].comm
     x = model.array(r, X_AT, np.ones(100, F16))  # shard 32: rank 1 owns 32..64
     with pytest.raises(ValueError, match=r"out has shape \(31,\) and dtype float16; expected "
                                          r"\(32,\) and float16 or float32 \(this rank's shard "
@@ -450,12 +447,12 @@ def test_reduce_scatter_refuses_a_wrong_out(rank1):
         comm.reduce_scatter(f32, model.empty(r, OUT_AT, 25, F16, 0))  # float32: no narrowing
     with pytest.raises(TypeError, match="host"):
         comm.reduce_scatter(np.ones(100, F16))
-    assert comm.events == []  # nothing was launched
+    assert model.ranks[r].events == []  # nothing was launched
 
 
 def test_all_gather_refuses_wrong_arguments(rank1):
     model, r = rank1
-    comm = model.ranks[r]
+    comm = model.ranks[r].comm
     x = model.array(r, X_AT, np.ones(32, F32))  # n = 100 on 4 ranks: shard 28
     with pytest.raises(TypeError, match="all_gather needs out= or n="):
         comm.all_gather(x)
@@ -467,10 +464,10 @@ def test_all_gather_refuses_wrong_arguments(rank1):
         with pytest.raises(ValueError, match="n must be a non-negative int"):
             comm.all_gather(x, n=bad)
     x = model.array(r, X_AT, np.ones(28, F32))
-    model.current = comm
+    model.current = model.ranks[r]
     out = model.empty(r, OUT_AT, 100, F32, 0)
     assert comm.all_gather(x, out, n=np.int64(100)) is out  # any integer type
-    comm.events.clear()
+    model.ranks[r].events.clear()
     with pytest.raises(ValueError, match=r"expected \(100,\) \(100 elements\) and float32"):
         comm.all_gather(x, model.empty(r, OUT_AT, 101, F32, 0), n=100)
     with pytest.raises(ValueError, match="expected"):
@@ -478,13 +475,13 @@ def test_all_gather_refuses_wrong_arguments(rank1):
     out = pyar.DeviceArray.from_pointer(x.ptr - 16, (100,), F32, device=0)
     with pytest.raises(ValueError, match=r"overlaps the input x; .* \(112 bytes in\)"):
         comm.all_gather(x, out)
-    assert comm.events == []
+    assert model.ranks[r].events == []
 
 
-def test_all_gather_in_place_and_any_shape(monkeypatch):
+def test_all_gather_in_place_and_any_shape(make_model):
     """x at this rank's shard of out is in place; out may have any shape of n elements."""
     world, n = 4, 128
-    model = Model(world, 1 << 16, monkeypatch)
+    model = make_model(world, 1 << 16)
     whole = np.arange(n, dtype=F32)
     outs, xs = [], []
     for r in range(world):
@@ -500,42 +497,42 @@ def test_all_gather_in_place_and_any_shape(monkeypatch):
         assert np.array_equal(model.view(out.ptr, n, F32), whole)
 
 
-def test_uneven_all_gather_stages_even_registered_buffers(monkeypatch):
+def test_uneven_all_gather_stages_even_registered_buffers(make_model):
     """Shards of different lengths are different buffer sizes, which ranks cannot
     register together: such an all_gather stages, so every rank agrees."""
     world, n = 2, 20  # shards 12 and 8
-    model = Model(world, 1 << 16, monkeypatch)
+    model = make_model(world, 1 << 16)
     xs = [model.array(0, X_AT, np.ones(12, F32)), model.array(1, X_AT, np.ones(8, F32))]
     model.ranks[0].registered[(xs[0].ptr, xs[0].nbytes)] = REGISTERED_TABLE
     outs = [model.empty(r, OUT_AT, n, F32, 0) for r in range(world)]
     model.call("all_gather", [(x, out) for x, out in zip(xs, outs)])
-    for comm in model.ranks:
-        kernel = [e for e in comm.events if e[0] == "kernel"][0]
+    for rank in model.ranks:
+        kernel = [e for e in rank.events if e[0] == "kernel"][0]
         assert kernel[4][0] == STAGED_TABLE
     model.run()
 
 
-def test_world_of_one_copies(monkeypatch):
-    model = Model(1, 1 << 16, monkeypatch)
-    comm = model.ranks[0]
+def test_world_of_one_copies(make_model):
+    model = make_model(1, 1 << 16)
+    rank = model.current = model.ranks[0]
+    comm = rank.comm
     x = model.array(0, X_AT, np.arange(9, dtype=F16))
     out = model.empty(0, OUT_AT, 9, F16, 0)
-    model.current = comm
     assert comm.reduce_scatter(x, out) is out
     assert comm.all_gather(x, out) is out
-    assert comm.events == [("copy", out.ptr, x.ptr, 18)] * 2
+    assert rank.events == [("copy", out.ptr, x.ptr, 18)] * 2
     with pytest.raises(ValueError, match=r"expected \(9,\) and float16 "):
         comm.reduce_scatter(x, model.empty(0, OUT_AT, 9, F32, 0))  # no widening kernel
 
 
 def test_empty_arrays_launch_nothing(rank1):
     model, r = rank1
-    comm = model.ranks[r]
+    comm = model.ranks[r].comm
     x = model.array(r, X_AT, np.ones(0, F32))
     out = model.empty(r, OUT_AT, 0, F32, 0)
     assert comm.reduce_scatter(x, out) is out
     assert comm.all_gather(x, out) is out
-    assert comm.events == []
+    assert model.ranks[r].events == []
 
 
 # --- the kernels the host asks for ---------------------------------------------------
@@ -582,13 +579,12 @@ def test_host_asks_for_exactly_the_shard_kernels_the_source_defines():
     assert len(entries) == (5 + 3) * 7, sorted(entries)
     asked = set()
     for world in range(2, 9):
-        comm = communicator.Communicator.__new__(communicator.Communicator)
-        comm.world, comm._functions = world, {}
-        comm._shards_module = _RecordingModule()
-        comm._shard_functions()
-        comm._shard_functions()  # cached: asked once
-        assert len(comm._shards_module.requests) == 8
-        for name, argtypes in comm._shards_module.requests:
+        module = RecordingModule()
+        kernel_set = kernels.KernelSet(world, RecordingModule(), module, rows=None)
+        kernel_set.every_shard()
+        kernel_set.every_shard()  # cached: asked once
+        assert len(module.requests) == 8
+        for name, argtypes in module.requests:
             assert entries.get(name) == argtypes, (name, argtypes, entries.get(name))
             asked.add(name)
     assert asked == set(entries)

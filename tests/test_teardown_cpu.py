@@ -1,89 +1,123 @@
 """Teardown without a GPU (tier a): abort() gives up without a collective
 step, and the MPI pattern its docstring gives for going on without a lost
 rank works under mpirun (tests/mpi/survivors_cpu.py).
-tests/gpu/test_teardown_gpu.py runs both on the GPU."""
+tests/gpu/test_teardown_gpu.py runs both on the GPU.
+
+The communicator is assembled over the stand-ins of tests/comm_stand_ins.py:
+its node and resources record the steps close() and abort() take, and the
+error record shows, at each step, whether this rank's kernels were told to
+stop waiting for peers (its failed word)."""
+import gc
 import shutil
-import types
 import weakref
 
 import pytest
 
 pytest.importorskip("mpi4py")
 
-from pyar.comm import communicator  # noqa: E402
+from pyar.comm import kernels  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout  # noqa: E402
+from tests.comm_stand_ins import (  # noqa: E402
+    NodeStandIn, RegistryStandIn, array, assemble, captured_graph, error_record,
+)
 from tests.mpi_launch import run_scenario  # noqa: E402
-from tests.test_buffer_lifetime_cpu import Graph, _NoStep  # noqa: E402
-from tests.test_eager_cpu import X, Y, array, comm  # noqa: E402,F401 - the fixture
+
+X, Y = 0x7000_0000_0000, 0x7100_0000_0000
 
 
-def test_abort_gives_up_without_a_collective_step(comm):
+class Resources:
+    """What close() and abort() release, recording each step with the error
+    record's failed word as it was then."""
+
+    def __init__(self, steps, words):
+        self.steps, self.words = steps, words
+
+    def close_mappings(self):
+        self.steps.append(("close_mappings", self.words[kernels.FAILED]))
+
+    def free(self):
+        self.steps.append("free")
+
+
+class Node(NodeStandIn):
+    """A node communicator whose collective steps a test decides: ``barrier``
+    runs in Barrier(); Free() and abandon() are recorded."""
+
+    def __init__(self, steps, barrier):
+        super().__init__(world=4)
+        self.steps, self.barrier = steps, barrier
+
+    def Barrier(self):  # noqa: N802 - mpi4py's names
+        self.barrier()
+
+    def Free(self):  # noqa: N802
+        self.steps.append("Free")
+
+    def abandon(self):
+        self.steps.append("abandon")
+
+
+def test_abort_gives_up_without_a_collective_step():
     """abort(): this rank's spinning kernels are told to stop (the error
     record's failed word), graphs closed, mappings closed, memory freed, the
     MPI communicator abandoned -- and nothing waits for a peer."""
-    steps = []
-    words = [0] * communicator._ERROR_WORDS
-    comm._error_words = words
-    comm._finalizer = types.SimpleNamespace(detach=lambda: steps.append("detach"))
-    comm._captures = weakref.WeakSet()
-    graph = Graph()
-    comm._captures.add(graph)
-    comm._resources = types.SimpleNamespace(
-        close_mappings=lambda: steps.append(("close_mappings", words[0])),
-        free=lambda: steps.append("free"))
-    comm._node = types.SimpleNamespace(
-        failure=None, abandon=lambda: steps.append("abandon"), step=lambda name: _NoStep(),
-        Barrier=lambda: pytest.fail("abort took a collective step"),
-        Free=lambda: pytest.fail("abort freed the MPI communicator (collective)"))
-    comm._closed = False
+    steps, words = [], error_record()
+
+    def barrier():
+        pytest.fail("abort took a collective step")
+
+    node = Node(steps, barrier)
+    node.Free = lambda: pytest.fail("abort freed the MPI communicator (collective)")
+    comm = assemble(world=4, node=node, resources=Resources(steps, words), words=words)
+    graph = captured_graph(comm)
+    executable = graph.executable
     comm.abort()
-    assert steps == ["detach", ("close_mappings", 1), "free", "abandon"]
-    assert graph.executable is None and comm.closed
+    assert steps == [("close_mappings", 1), "free", "abandon"]
+    assert executable.closed and graph.executable is None and comm.closed
     with pytest.raises(ValueError, match="closed"):
         comm.allreduce(array(X), out=array(Y))
     comm.abort()
     comm.close()  # both return at once afterwards
-    assert steps[-1] == "abandon" and len(steps) == 4
+    gone = weakref.ref(comm)
+    del comm, graph
+    gc.collect()  # its finalizer was detached: nothing is released again
+    assert gone() is None and steps == [("close_mappings", 1), "free", "abandon"]
 
 
-def closing(comm, failed):
-    """``comm`` set up to close: a peer never reaches the barrier; returns
-    the steps close() takes and the error record."""
-    steps = []
-    words = [0] * communicator._ERROR_WORDS
-    comm._error_words = words
-    comm._finalizer = types.SimpleNamespace(detach=lambda: None)
-    comm._captures = weakref.WeakSet()
-    comm._resources = types.SimpleNamespace(
-        close_mappings=lambda: steps.append(("close_mappings", words[0])),
-        free=lambda: steps.append("free"))
+def closing(failed):
+    """A communicator set up to close while a peer never reaches the
+    barrier; ``failed``: its node had failed before.  Returns (comm, the
+    steps close() takes, a reference to its buffer registry)."""
+    steps, words = [], error_record()
 
     def barrier():
         steps.append("barrier")
         raise CollectiveTimeout("close (host-side exchange)", (3,), 0, 1.0)
 
-    comm._node = types.SimpleNamespace(failure=None, step=lambda name: _NoStep(),
-                                       Barrier=barrier, Free=lambda: steps.append("Free"))
-    comm._failure = CollectiveTimeout("allreduce call 7", (3,), 0, 1.0) if failed else None
-    comm._closed = False
-    return steps
+    node = Node(steps, barrier)
+    if failed:
+        node.failure = CollectiveTimeout("register (host-side exchange)", (3,), 0, 1.0)
+    registry = RegistryStandIn()
+    comm = assemble(world=4, node=node, resources=Resources(steps, words), words=words,
+                    registry=registry)
+    return comm, steps, weakref.ref(registry)
 
 
 @pytest.mark.parametrize("failed", [True, False], ids=["after-a-failure", "healthy"])
-def test_close_releases_everything_when_a_peer_never_comes(comm, failed):
+def test_close_releases_everything_when_a_peer_never_comes(failed):
     """After a failure, close() makes this rank's waiting kernels stop first
     and returns though a peer never reaches its barrier; on a healthy
     communicator that peer is reported (CollectiveTimeout).  Either way this
     rank's memory is freed and the registered buffers let go."""
-    steps = closing(comm, failed)
-    comm._registry = object()
+    comm, steps, registry = closing(failed)
     if failed:
         comm.close()
     else:
         with pytest.raises(CollectiveTimeout, match="rank\\(s\\) 3 never arrived"):
             comm.close()
     assert steps == [("close_mappings", int(failed)), "barrier", "free", "Free"]
-    assert comm.closed and comm._registry is None
+    gc.collect()
+    assert comm.closed and registry() is None
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")

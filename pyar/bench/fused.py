@@ -20,12 +20,12 @@ import pyar
 from pyar import _hip
 from pyar.bench import measure, traffic
 from pyar.bench.table import Table
-from pyar.comm import algorithms, rmsnorm
+from pyar.comm import algorithms, fused_plan, row_kernels
 
 GRAPH_CALLS = 20
 FORCED = (*algorithms.FUSED_VARIANTS, algorithms.SPLIT, algorithms.LAMPORT)  # timed forced
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-QUANT_CHOICES = ("none", *rmsnorm.QUANT_KINDS)
+QUANT_CHOICES = ("none", *row_kernels.QUANT_KINDS)
 
 
 def parse_tokens(text):
@@ -70,7 +70,7 @@ def _quant_shapes(kind, hidden):
     if kind == "mxfp4":
         return hidden // 2, np.dtype(np.uint8), hidden // 32, np.dtype(np.uint8)
     groups = hidden // 128 if kind == "fp8_per_group" else 1
-    return hidden, rmsnorm.FP8_DTYPES[0], groups, np.dtype(np.float32)
+    return hidden, row_kernels.FP8_DTYPES[0], groups, np.dtype(np.float32)
 
 
 def sweep(args, comm, mpi, copy_bw, show):
@@ -95,25 +95,27 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
     s, y, r = b.rows("s", tokens), b.rows("y", tokens), b.rows("r", tokens)
     q, scales = (b.rows("q", tokens), b.rows("scales", tokens)) if kind else (None, None)
     comm.register(x)
-    quantization = dict(quant=kind, fp8_dtype=rmsnorm.FP8_DTYPES[0] if kind and
+    quantization = dict(quant=kind, fp8_dtype=row_kernels.FP8_DTYPES[0] if kind and
                         kind != "mxfp4" else None, quantized=q, scales=scales)
     nbytes = x.nbytes
     iterations = args.iters or measure.iterations_for(nbytes * comm.world)
-    chosen = comm._choose_fused(nbytes, args.hidden * dtype.itemsize)
-    lamport_fits = comm._lamport_refusal(nbytes, args.hidden * dtype.itemsize) is None
+    row_bytes, row_layout = args.hidden * dtype.itemsize, comm.kernels.rows.layout
+    chosen = fused_plan.variant(comm.geometry, row_layout, nbytes, row_bytes)
+    lamport_fits = fused_plan.lamport_refusal(row_layout, comm.geometry.lamport_bytes, nbytes,
+                                              row_bytes) is None
 
     def fused(algo="auto"):
         comm.allreduce_rmsnorm(x, res, w, out=y, residual_out=r, stream=stream, algo=algo,
                                **quantization)
 
     def norm():
-        rmsnorm.add_rmsnorm(s, res, w, out=y, residual_out=r, stream=stream)
+        row_kernels.add_rmsnorm(s, res, w, out=y, residual_out=r, stream=stream)
 
     def unfused():
         comm.allreduce(x, out=s, stream=stream)
         norm()
         if kind:
-            rmsnorm.quantize(y, kind, fp8_dtype=quantization["fp8_dtype"], quantized=q,
+            row_kernels.quantize(y, kind, fp8_dtype=quantization["fp8_dtype"], quantized=q,
                              scales=scales, stream=stream)
 
     def eager(run):
@@ -158,8 +160,8 @@ def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
     unfused)."""
     if variant not in FORCED:
         return {"kernel": None}
-    function, geometry = comm._fused_launch(variant, dtype, tokens, hidden,
-                                            rmsnorm.quant_code(kind))
+    function, geometry = fused_plan.launch_geometry(comm.geometry, comm.kernels, variant,
+                                                    dtype, tokens, hidden, row_kernels.quant_code(kind))
     return {"kernel": function.name, "threads": geometry.threads, "blocks": geometry.blocks,
             "packs_per_thread": geometry.packs_per_thread,
             "blocks_per_sm": function.max_active_blocks_per_multiprocessor(geometry.threads),

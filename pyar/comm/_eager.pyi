@@ -1,12 +1,12 @@
 # Types of the compiled per-call path (pyar/comm/_eager.pyx): the base class
-# whose replay methods Communicator calls first on every collective.
+# whose replay methods NodeCommunicator calls first on every collective.
 from typing import Any, Optional, Sequence, Tuple
 
 class Plan:
     def __init__(self, sequence: Any, descriptions: Sequence[Tuple[str, str]],
                  fresh: Any = None, out_dtype: Any = None, returns: Tuple[int, ...] = ()) -> None: ...
 
-class EagerCalls:
+class PlanCache:
     _closed: bool
     _failure: Optional[BaseException]
     debug: bool

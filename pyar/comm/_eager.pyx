@@ -3,7 +3,7 @@
 before replays the launches planned for it.
 
 The first call of a signature runs every check and plans its launches (the
-Python code of communicator.py); ``_remember_*`` then compiles those steps
+planner's Copy and Launch records, pyar/comm/plan.py); ``_remember`` compiles them
 into a ``LaunchSequence`` with the arguments packed once.  A later call with
 the same signature -- the same input and output memory (address, shape,
 dtype, device, read-only), algorithm and stream -- finds the plan by that key
@@ -38,6 +38,7 @@ from pyar._hip import (
 )
 from pyar.array import DeviceArray
 from pyar.array.foreign import ForeignViews
+from pyar.comm.plan import Copy
 
 PLAN_LIMIT = 4096  # signatures remembered before the cache starts over
 _POINTER_KINDS = ("ptr", "pointer")
@@ -103,8 +104,9 @@ cdef inline object stream_key(stream):
     return None
 
 
-cdef class EagerCalls:
-    """State the hot path reads at C level; Communicator derives from it."""
+cdef class PlanCache:
+    """The plans of the signatures seen before, and the state the hot path
+    reads at C level; NodeCommunicator derives from it."""
     cdef public bint _closed
     cdef public object _failure
     cdef public object _node  # the node's bounded host exchange; its failure ends replays
@@ -340,12 +342,11 @@ cdef class EagerCalls:
 
     def _remember(self, str kind, tuple arrays, tuple rest, stream, list steps, fresh=None,
                   out_dtype=None, returns=()):
-        """Compile the steps a checked call ran into the plan of its signature.
-        ``steps``: ("copy", dst, src, nbytes), ("kernel", function, grid,
-        block, args, kind, details), the call number following ``args``, and
-        ("local", function, grid, block, args): a kernel without one.
-        ``fresh``: (shape, dtype, nbytes, (start, end)) of the output the
-        call allocated, whose address each replay replaces."""
+        """Compile the steps a checked call ran (plan.Copy and plan.Launch
+        records; a spinning kernel's call number follows its ``args``) into
+        the plan of its signature.  ``fresh``: (shape, dtype, nbytes,
+        (start, end)) of the output the call allocated, whose address each
+        replay replaces."""
         cdef uintptr_t handle
         h = self._replay_handle(stream)
         if h is None:
@@ -361,21 +362,19 @@ cdef class EagerCalls:
         sequence = self._sequence_type()
         descriptions = []
         for step in steps:
-            if step[0] == "copy":
-                _, dst, src, nbytes = step
-                sequence.add_copy(dst, src, nbytes,
-                                  out_offset=dst - start if start <= dst < end else None)
+            if type(step) is Copy:
+                sequence.add_copy(step.dst, step.src, step.nbytes,
+                                  out_offset=step.dst - start if start <= step.dst < end else None)
                 continue
-            numbered = step[0] == "kernel"
-            function, grid, block, args = step[1:5]
+            function, args = step.function, step.args
             moved = {i: a - start for i, a in enumerate(args)
                      if start <= a < end and function.argtypes[i] in _POINTER_KINDS}
-            if not numbered:
-                sequence.add_kernel(function, grid, block, args, out_args=moved)
+            if step.kind is None:
+                sequence.add_kernel(function, step.grid, step.block, args, out_args=moved)
                 continue
-            sequence.add_kernel(function, grid, block, (*args, 0), call_arg=len(args),
+            sequence.add_kernel(function, step.grid, step.block, (*args, 0), call_arg=len(args),
                                 out_args=moved)
-            descriptions.append(step[5:7])
+            descriptions.append((step.kind, step.details))
         for a in arrays:
             if a is not None:
                 _KEYED_DTYPES.add(a._dtype if type(a) is DeviceArray

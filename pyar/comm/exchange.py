@@ -4,7 +4,7 @@ no GPU, so the CPU test tier runs them under mpirun."""
 from mpi4py import MPI
 
 from pyar.comm import domains
-from pyar.comm.bounded import BoundedComm, arrive
+from pyar.comm.bounded import arrive
 from pyar.comm.errors import MismatchError
 
 
@@ -17,29 +17,6 @@ def ipc_split(comm, wait=None, node_size=None):
     if wait is not None:
         arrive(comm, "pyar.Communicator()", wait)
     return domains.split(comm, node_size)
-
-
-def node_local(comm, wait=None, node_size=None):
-    """The sub-communicator of ``comm``'s ranks in this rank's IPC domain (a
-    node, or ``node_size`` ranks of one: pyar.comm.domains); with ``wait``
-    (seconds), a BoundedComm over it whose steps wait that long, and a rank of
-    ``comm`` that does not arrive within it makes the others raise
-    CollectiveTimeout.
-
-    Raises NotImplementedError on every rank when ``comm`` spans several
-    domains: the one-node communicator moves data only through IPC
-    (``pyar.Communicator`` builds a HierarchicalCommunicator for such a
-    communicator instead).
-    """
-    split = ipc_split(comm, wait, node_size)
-    if split.rail is not None:
-        split.free()
-        raise NotImplementedError(
-            f"the communicator spans {split.domains} IPC domains (nodes, or node_size / "
-            f"{domains.RANKS_PER_NODE} groups); the one-node communicator all-reduces within "
-            "one, pyar.Communicator(...) builds a HierarchicalCommunicator across them")
-    return split.domain if wait is None else BoundedComm(split.domain, wait,
-                                                          "pyar.Communicator()")
 
 
 def run_everywhere(comm, step, *args):

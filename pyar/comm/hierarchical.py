@@ -38,9 +38,10 @@ from mpi4py import MPI
 
 from pyar import _hip
 from pyar.array import DeviceArray, empty
-from pyar.comm import exchange, inter_node as paths, rail, rail_kernel, rmsnorm, shards
-from pyar.comm.communicator import DEFAULT_MAX_SIZE, Communicator, resolve_timeout
+from pyar.comm import exchange, inter_node as paths, operations, rail, rail_kernel, row_kernels
+from pyar.comm import shards
 from pyar.comm.bounded import BoundedComm
+from pyar.comm.communicator import DEFAULT_MAX_SIZE, DEFAULT_TIMEOUT, NodeCommunicator
 from pyar.comm.errors import CollectiveTimeout
 from pyar.comm.resources import Resources
 
@@ -55,9 +56,9 @@ class HierarchicalCommunicator:
     """The all-reduce over ranks of several IPC domains of equal size.
 
     Built by ``pyar.Communicator(mpi_comm, ...)`` when ``mpi_comm`` spans
-    several domains (or directly, with the same arguments).  ``rank`` and
-    ``world`` are the caller's communicator's; ``local`` is the one-node
-    Communicator of this rank's domain, ``domains`` their number and
+    several domains, over its ``split`` (pyar.comm.domains.Split), which it
+    then owns.  ``rank`` and ``world`` are the caller's communicator's;
+    ``local`` is the NodeCommunicator of this rank's domain, ``domains`` their number and
     ``domain`` this rank's.  ``inter_node`` ("auto", "host" or "device";
     default $PYAR_INTER_NODE, else "auto") picks the inter-node data path
     (pyar.comm.inter_node: "device" raises ValueError on every rank unless
@@ -71,36 +72,31 @@ class HierarchicalCommunicator:
     host-side steps (construction, close, PYAR_DEBUG's check) wait twice it
     (pyar/comm/bounded.py says why)."""
 
-    def __init__(self, mpi_comm, device=None, max_size=DEFAULT_MAX_SIZE, timeout=None, *,
-                 node_size=None, kernels=None, debug=None, rail_method="auto",
+    def __init__(self, mpi_comm, split, device=None, max_size=DEFAULT_MAX_SIZE,
+                 timeout=DEFAULT_TIMEOUT, *, kernels=None, debug=None, rail_method="auto",
                  inter_node=None):
-        timeout = resolve_timeout(timeout)
-        rail.choose(rail_method, 2)
         self._closed = True  # until construction completes
-        split = exchange.ipc_split(mpi_comm, 2 * timeout, node_size)
-        if split.rail is None:
-            split.free()
-            raise ValueError("one IPC domain holds every rank: pyar.Communicator runs its "
-                             "collectives directly, without a hierarchical step")
+        wait = 2 * timeout  # host-side steps: pyar/comm/bounded.py says why
         try:
             path, awareness = paths.agree(mpi_comm, inter_node, _hip.platform(), rail_method)
             device, sharers = _device_and_sharers(mpi_comm, device, split.node_rank)
-            made = []  # domains fail or succeed whole: closing what was made is collective
-            try:
-                exchange.run_everywhere(mpi_comm, lambda: made.append(Communicator(
-                    split.domain, device, max_size, timeout, node_size=split.domain.Get_size(),
-                    kernels=kernels, debug=debug, gpu_sharers=sharers)))
-            except BaseException:
-                for local in made:
-                    local.close()
-                raise
-            self.local = made[0]
             self._domain_ranks = split.domain.allgather(mpi_comm.Get_rank())
             rail_ranks = split.rail.allgather(mpi_comm.Get_rank())
         except BaseException:
             split.free()
             raise
-        split.domain.Free()
+        made = []  # domains fail or succeed whole: closing what was made is collective
+        try:
+            # The domain's communicator owns split.domain from here on.
+            exchange.run_everywhere(mpi_comm, lambda: made.append(NodeCommunicator(
+                BoundedComm(split.domain, wait, "pyar.Communicator()"), device, max_size,
+                timeout, kernels=kernels, debug=debug, gpu_sharers=sharers)))
+        except BaseException:
+            for local in made:
+                local.close()
+            split.rail.Free()
+            raise
+        self.local = made[0]
         self.rank = mpi_comm.Get_rank()
         self.world = mpi_comm.Get_size()
         self.domains = split.domains
@@ -123,7 +119,7 @@ class HierarchicalCommunicator:
         self._finalizer = weakref.finalize(self, Resources.release, self._resources)
         self._piece_shard = PIECE_SHARD_ELEMENTS
         self._on_device = path == "device"
-        self._rail_sum = rail_kernel.RailSum(self.local._load_module("rail"), self.device) \
+        self._rail_sum = rail_kernel.RailSum(self.local.load_module("rail"), self.device) \
             if self._on_device else None
         self._buffers = [self._piece_buffers() for _ in range(2)]
         self._idle = _hip.Stream()  # never used: see _check_local
@@ -216,7 +212,7 @@ class HierarchicalCommunicator:
 
     def _pieces(self, x):
         self._check_usable()
-        x = self.local._device_array(x, "x").ravel()
+        x = operations.input_array(self.local, x, "x", None).ravel()
         piece = self.local.world * self._piece_shard
         return [_view(x.ptr + first * x.dtype.itemsize, min(piece, x.size - first), x.dtype, x)
                 for first in range(0, x.size, piece)]
@@ -242,8 +238,8 @@ class HierarchicalCommunicator:
         source = _hip.as_stream(stream)
         if source.handle and source.is_capturing:
             raise CaptureError(self._capture_message())
-        x = self.local._device_array(x, "x", stream)
-        out = self.local._output(x, out, stream)
+        x = operations.input_array(self.local, x, "x", stream)
+        out = operations.allreduce_output(self.local, x, out, stream)
         if self._everyone is not None:
             with self._everyone.step("allreduce (PYAR_DEBUG check)"):
                 exchange.check_agreement(self._everyone, "the all-reduce (elements, dtype)",
@@ -355,13 +351,13 @@ class HierarchicalCommunicator:
         """``Communicator.allreduce_rmsnorm`` across domains: the sum by
         ``allreduce`` (into ``out`` when given, else an array the communicator
         keeps), then the residual add + RMSNorm (+ quantization) on this GPU
-        (pyar.comm.rmsnorm.add_rmsnorm, the same arithmetic as the one-node
+        (pyar.comm.row_kernels.add_rmsnorm, the same arithmetic as the one-node
         calls after their sum).  ``algo`` must be "auto"."""
         self._check_usable()
         if algo != "auto":
             raise ValueError(f"algo={algo!r}: across IPC domains allreduce_rmsnorm is the "
                              "all-reduce, then add + RMSNorm on each GPU: 'auto'")
-        x = self.local._device_array(x, "x", stream)
+        x = operations.input_array(self.local, x, "x", stream)
         sums = out
         if out is None:
             if self._sums is None or self._sums.nbytes < x.nbytes:
@@ -370,7 +366,7 @@ class HierarchicalCommunicator:
             sums = _view(self._sums.ptr, x.size, x.dtype, self._sums).reshape(x.shape)
         self.allreduce(x, out=sums, stream=stream)
         _hip.set_device(self.device)
-        return rmsnorm.add_rmsnorm(sums, residual, weight, eps, out, residual_out, stream,
+        return row_kernels.add_rmsnorm(sums, residual, weight, eps, out, residual_out, stream,
                                    quant=quant, group_size=group_size, fp8_dtype=fp8_dtype,
                                    quantized=quantized, scales=scales)
 

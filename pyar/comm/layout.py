@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from pyar import _hip
-from pyar.comm.rmsnorm import KERNEL_KINDS
+from pyar.comm.kernels import QUANT_KIND_NAMES
 
 # failed_offset: where in the Signal the word split's second kernel reads
 # (nonzero once a block of this rank failed a call).
@@ -19,7 +19,6 @@ _LAYOUT_FIELDS = ("signal_bytes", "max_blocks", "max_ranks", "state_bytes", "thr
                   "failed_offset")
 _STATE = struct.Struct("<8Q8QQII")
 _TABLE = struct.Struct("<8Q")
-PACK_BYTES = 16  # the kernels' vector width; also the alignment they need
 
 
 class KernelLayout:
@@ -135,5 +134,5 @@ def describe_signature(value):
         return text
     if not s.quantization:
         return f"{text}, no quantization"
-    kind = KERNEL_KINDS.get(s.quantization, f"kind {s.quantization}")
+    kind = QUANT_KIND_NAMES.get(s.quantization, f"kind {s.quantization}")
     return f"{text}, {kind} quantization"

@@ -12,11 +12,10 @@ buffer; the all-gather sends the padding with the shard.
 import numpy as np
 
 from pyar import _hip
-from pyar.comm.rmsnorm import DTYPES
+from pyar.comm.kernels import RAIL_ARGS, Functions, rail_name
 
 LANES = 4      # elements per thread and step (rail.cu: kRailLanes)
 THREADS = 256  # rail.cu: kRailThreads
-ARGUMENTS = ("ptr", "uint64", "uint64", "uint32", "ptr")
 
 
 def pitch(n):
@@ -29,8 +28,7 @@ class RailSum:
     ``device``."""
 
     def __init__(self, module, device):
-        self._module = module
-        self._functions = {}
+        self._functions = Functions(module)
         # Nothing here waits for a peer: blocks beyond the resident ones just queue.
         self._max_blocks = 2 * _hip.Device(device).multiprocessor_count
 
@@ -39,11 +37,7 @@ class RailSum:
         ``stream``; ``rows`` and ``out`` are device addresses, ``rows_dtype``
         float32 or ``out_dtype``."""
         rows_dtype, out_dtype = np.dtype(rows_dtype), np.dtype(out_dtype)
-        key = (rows_dtype, out_dtype)
-        function = self._functions.get(key)
-        if function is None:
-            function = self._functions[key] = self._module.get_function(
-                f"pyar_rail_sum_{DTYPES[rows_dtype]}_{DTYPES[out_dtype]}", ARGUMENTS)
+        function = self._functions.get(rail_name(rows_dtype, out_dtype), RAIL_ARGS)
         quads = -(-n // LANES)
         blocks = max(1, min(-(-quads // THREADS), self._max_blocks))
         function.launch(blocks, THREADS, (rows, pitch(n), n, domains, out), stream=stream)

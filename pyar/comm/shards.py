@@ -11,7 +11,7 @@ on 4 ranks: rank 0 owns the element, ranks 1-3 own nothing).  Shards start
 on whole packs, so each rank's part is 16-byte aligned in a 16-byte aligned
 array.
 """
-from pyar.comm.layout import PACK_BYTES
+from pyar.comm.kernels import PACK_BYTES
 
 
 def lanes(itemsize):

@@ -67,8 +67,25 @@ def test_empty_comes_from_the_pool_and_frees_without_waiting(kernels, rng):
     stream.synchronize()
 
 
-def test_communicator_of_one_rank_replays_without_waiting(kernels, rng):
+class CountedSequence(hip.LaunchSequence):
+    """A LaunchSequence that keeps count of the plans compiled and their replays."""
+    made = []
+
+    def __init__(self):
+        self.replays = 0
+        CountedSequence.made.append(self)
+
+    def run(self, stream, first_call=0, out=0):
+        self.replays += 1
+        return super().run(stream, first_call, out)
+
+
+def test_communicator_of_one_rank_replays_without_waiting(kernels, rng, monkeypatch):
     from mpi4py import MPI
+    from pyar.comm import _eager
+    # The communicator compiles its plans into CountedSequence.
+    monkeypatch.setattr(_eager, "LaunchSequence", CountedSequence)
+    CountedSequence.made.clear()
     stream = hip.Stream()
     with pyar.Communicator(MPI.COMM_WORLD) as comm:
         if comm.world != 1:
@@ -84,6 +101,7 @@ def test_communicator_of_one_rank_replays_without_waiting(kernels, rng):
             y = comm.allreduce(x, stream=stream)
             comm.allreduce(x, out=out, stream=stream)
         assert not stream.query(), "an eager call with out=None waited for the device"
-        assert len(comm._plans) == 2  # one per signature, replayed since
+        # One plan per signature, replayed since.
+        assert [plan.replays for plan in CountedSequence.made] == [199, 199]
         assert y.stream_ordered and y.stream is stream
         assert np.array_equal(y.get(), host) and np.array_equal(out.get(), host)

@@ -16,7 +16,7 @@ import pytest
 
 import pyar
 import pyar._hip as hip
-from pyar.comm import rmsnorm
+from pyar.comm import row_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +56,7 @@ def test_e4m3fn_pair_check_finds_other_codes(kernels):
     assert count > 2**31, count
 
 
-@pytest.mark.parametrize("fp8_dtype", rmsnorm.FP8_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("fp8_dtype", row_kernels.FP8_DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("quant", ["fp8_per_token", "fp8_per_group"])
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
 def test_a_group_holding_infinity_gets_zero_codes(dtype, quant, fp8_dtype):
@@ -69,10 +69,10 @@ def test_a_group_holding_infinity_gets_zero_codes(dtype, quant, fp8_dtype):
     with_inf = finite.copy()
     for row, column, value in holes:
         with_inf[row, column] = value
-    q_inf, s_inf = (a.get() for a in rmsnorm.quantize(pyar.asarray(with_inf), quant, group,
-                                                       fp8_dtype))
-    q_fin, s_fin = (a.get() for a in rmsnorm.quantize(pyar.asarray(finite), quant, group,
-                                                       fp8_dtype))
+    q_inf, s_inf = (a.get() for a in row_kernels.quantize(pyar.asarray(with_inf), quant, group,
+                                                           fp8_dtype))
+    q_fin, s_fin = (a.get() for a in row_kernels.quantize(pyar.asarray(finite), quant, group,
+                                                           fp8_dtype))
     width = hidden if quant == "fp8_per_token" else group
     hit = np.zeros((tokens, hidden), bool)
     for row, column, _ in holes:

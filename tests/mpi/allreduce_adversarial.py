@@ -54,6 +54,7 @@ Modes:
 Usage: allreduce_adversarial.py main | wrap | control PATH | control-start PATH
 """
 import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -101,6 +102,21 @@ CONTROL_SECONDS = 150   # overall budget of the control
 CONTROL_TIMEOUT = 1.0   # seconds; legitimate waits here last well under a millisecond
 WRAP_BEFORE = 300       # wrap mode: calls before the epochs reach 2**32
 START_DELAY_US = 300    # control-start: the last rank's delay before each call
+
+
+# How many call numbers each communicator's kernels have taken: the kernel
+# that gives up reports its call's (CollectiveTimeout.sequence), counted from 0
+# when the communicator is made; an all-reduce takes one per chunk of the
+# scratch buffer (comm.geometry.max_size bytes: pyar.comm.plan.allreduce).
+_NUMBERS = weakref.WeakKeyDictionary()
+
+
+def numbered(comm, x):
+    """After an all-reduce of ``x`` on ``comm`` (the only calls here that
+    take numbers): the number its next call takes."""
+    chunk = comm.geometry.max_size // x.dtype.itemsize
+    _NUMBERS[comm] = _NUMBERS.get(comm, 0) + -(-x.size // chunk)
+    return _NUMBERS[comm]
 
 
 class Workload:
@@ -154,7 +170,7 @@ class Workload:
             chosen.append(j)
             _hip.memcpy_dtod(xs[k].ptr, self.sources[j].ptr, self.nbytes, stream)
             kernels.fill_u32(self.outs[k].ptr, NAN_WORD, words, stream)
-        ends = []  # the communicator's call count after each call (a test-only read)
+        ends = []  # the number the communicator's next call takes, after each call
         completed = K
         try:
             for k in range(K):
@@ -165,7 +181,7 @@ class Workload:
                 if self.local.random() < level.delay_p:
                     kernels.spin(self.local.uniform(0, level.delay_us), stream)
                 comm.allreduce(xs[k], out=self.outs[k], algo=algo, stream=stream)
-                ends.append(comm._calls)
+                ends.append(numbered(comm, xs[k]))
                 kernels.fill_u32(xs[k].ptr, NAN_WORD, words, stream)  # the consumer reuses x_k
             comm.synchronize(stream)
         except pyar.CollectiveTimeout as exc:

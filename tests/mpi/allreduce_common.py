@@ -181,9 +181,17 @@ def start_epochs_at(comm, epoch):
     stores), then ``epoch[max_blocks]``, uint32; then ``failed[max_blocks]`` and
     ``some_block_failed``, uint32, and ``signature[2][max_blocks][max_ranks]``, uint64,
     which it leaves alone) with the runtime's memcpy, after every rank's calls have
-    finished and before any rank's next call (peers store into this rank's flags)."""
+    finished and before any rank's next call (peers store into this rank's flags).
+    The sizes come from the communicator's own code object (its KernelLayout); the
+    Signal area ends where the scratch starts (comm.geometry.scratch); the scenarios'
+    communicators span COMM_WORLD, whose barrier orders the ranks."""
     from pyar import _hip
-    lay = comm._layout
+    from pyar.comm.layout import KernelLayout
+    lay = KernelLayout(comm.load_module("allreduce"))
+    signal = comm.geometry.scratch - lay.signal_bytes
+    if comm.geometry.failed_word != signal + lay.failed_offset:
+        raise AssertionError(f"the Signal area does not start at {signal:#x}: its failure "
+                             f"word is at {comm.geometry.failed_word:#x}")
     flags = 3 * lay.max_blocks * lay.max_ranks
     signatures = -(-(lay.failed_offset + 4) // 8) * 8  # uint64-aligned after the word
     expected = -(-(signatures + 8 * 2 * lay.max_blocks * lay.max_ranks) // 16) * 16
@@ -193,11 +201,11 @@ def start_epochs_at(comm, epoch):
                              f"{lay.max_ranks} ranks")
     comm.synchronize()
     _hip.device_synchronize()
-    comm._node.Barrier()
-    _hip.memcpy_htod(comm._buffer.ptr, np.full(flags, epoch, np.uint64).tobytes()
+    MPI.COMM_WORLD.Barrier()
+    _hip.memcpy_htod(signal, np.full(flags, epoch, np.uint64).tobytes()
                      + np.full(lay.max_blocks, epoch, np.uint32).tobytes())
     _hip.device_synchronize()
-    comm._node.Barrier()
+    MPI.COMM_WORLD.Barrier()
 
 
 def disturbed_calls(comm, kernels, streams, level, local, count, call, tolerate_timeout=False):

@@ -3,7 +3,7 @@ no GPU: tests/test_comm_cpu.py runs it on 2 and 3 ranks, and on 9 for the
 world-size limit.
 
 Modes:
-  exchange      node_local, run_everywhere, check_agreement, agree_min, and
+  exchange      ipc_split, run_everywhere, check_agreement, agree_min, and
                 what Communicator() checks collectively before its first GPU
                 call (max_size/timeout agreement; without a GPU, the device
                 step fails on every rank instead of hanging).
@@ -34,6 +34,7 @@ from allreduce_common import run
 
 import pyar  # noqa: E402
 from pyar.comm import exchange  # noqa: E402
+from pyar.comm.bounded import BoundedComm  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout, MismatchError  # noqa: E402
 
 TIMEOUT = 0.5
@@ -44,21 +45,25 @@ class StepFailed(ValueError):
     pass
 
 
-def check_node_local(sc):
+def check_ipc_split(sc):
+    """One machine: one IPC domain of every rank, in their order, and no rail."""
     world = MPI.COMM_WORLD
-    node = exchange.node_local(world)
-    sc.check(isinstance(node, MPI.Intracomm), f"node_local returned {type(node).__name__}")
+    split = exchange.ipc_split(world)
+    node = split.domain
+    sc.check(isinstance(node, MPI.Intracomm), f"ipc_split's domain is {type(node).__name__}")
+    sc.check(split.rail is None and split.domains == 1, f"one node, yet {split.domains} domains")
     sc.check(node.Get_size() == sc.world, f"node size {node.Get_size()} != {sc.world}")
     sc.check(node.Get_rank() == sc.rank, f"node rank {node.Get_rank()} != world rank {sc.rank}")
-    node.Free()
+    split.free()
     # A sub-communicator works the same way (ranks in reverse order here).
     reverse = world.Split(0, key=sc.world - 1 - sc.rank)
-    node = exchange.node_local(reverse)
-    sc.check(node.Get_rank() == reverse.Get_rank(), "node_local does not keep the rank order")
-    node.Free()
+    split = exchange.ipc_split(reverse)
+    sc.check(split.domain.Get_rank() == reverse.Get_rank(),
+             "ipc_split does not keep the rank order")
+    split.free()
     reverse.Free()
     for bad in (None, object(), 42, MPI.COMM_NULL):
-        sc.expect_raises(TypeError, lambda: exchange.node_local(bad), f"node_local({bad!r})")
+        sc.expect_raises(TypeError, lambda: exchange.ipc_split(bad), f"ipc_split({bad!r})")
 
 
 def check_run_everywhere(sc):
@@ -157,7 +162,7 @@ def check_communicator(sc):
 
 
 def exchange_mode(sc):
-    check_node_local(sc)
+    check_ipc_split(sc)
     check_run_everywhere(sc)
     check_agreement(sc)
     check_communicator(sc)
@@ -221,7 +226,9 @@ def expect_late(sc, call, what):
 def bounded_mode(sc):
     world = MPI.COMM_WORLD
     late = sc.world - 1
-    node = exchange.node_local(world, 2 * TIMEOUT)  # what Communicator(timeout=TIMEOUT) waits
+    # The domain's bounded communicator as pyar.Communicator(timeout=TIMEOUT) makes it.
+    node = BoundedComm(exchange.ipc_split(world, 2 * TIMEOUT).domain, 2 * TIMEOUT,
+                       "pyar.Communicator()")
     sc.check(node.Get_rank() == sc.rank and node.Get_size() == sc.world, "node ranks")
     got = node.allgather({"rank": sc.rank, "payload": "x" * (100 * sc.rank)})
     sc.check(got == [{"rank": r, "payload": "x" * (100 * r)} for r in range(sc.world)],

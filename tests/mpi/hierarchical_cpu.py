@@ -7,9 +7,9 @@ Modes:
             world, from the argument and from PYAR_RANKS_PER_NODE (the
             argument wins): domain members, rails, their order; bad values
             and domains of different sizes raise ValueError on every rank
-            with the sizes in the text; exchange.node_local refuses a
-            communicator of several domains; pyar.Communicator dispatches to
-            HierarchicalCommunicator exactly when there are several domains.
+            with the sizes in the text; pyar.Communicator splits once and
+            hands the split to HierarchicalCommunicator exactly when there
+            are several domains.
   rail      pyar.comm.rail.Rail over the rails of every split: sums of random
             float32 shards into float32, float16 and bfloat16, both methods,
             against the float64 sum, bitwise identical on every rank of a
@@ -30,7 +30,7 @@ from mpi4py import MPI
 from allreduce_common import bits, run
 
 import pyar  # noqa: F401,E402
-from pyar.comm import communicator, domains, exchange, hierarchical, rail  # noqa: E402
+from pyar.comm import domains, factory, hierarchical, rail  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout  # noqa: E402
 
 WAIT = 0.5
@@ -100,49 +100,48 @@ def split_mode(sc):
                                f"{sc.world} ranks", "IPC domain sizes " +
                                ", ".join(map(str, sizes))))
 
-    k = divisors(sc.world)[1]
-    sc.expect_raises(NotImplementedError, lambda: exchange.node_local(world, 5.0, k),
-                     f"node_local over {sc.world // k} domains",
-                     contains=(f"spans {sc.world // k} IPC domains", "HierarchicalCommunicator"))
-    node = exchange.node_local(world, None, sc.world)
-    sc.check(node.Get_size() == sc.world, "node_local over one domain is not the whole node")
-    node.Free()
-    check_dispatch(sc, k)
+    check_dispatch(sc, divisors(sc.world)[1])
     sc.report(test="hierarchical-split", node_sizes=checked)
 
 
 def check_dispatch(sc, k):
     """pyar.Communicator builds a HierarchicalCommunicator over several
-    domains (its constructor replaced by a recorder: no GPU here) and the
-    one-node communicator over one (which then fails for want of a GPU, on
-    every rank)."""
+    domains (its constructor replaced by a recorder: no GPU here), handing it
+    the split into domains of ``k`` ranks, and the one-node communicator
+    over one (which then fails for want of a GPU, on every rank)."""
     made = []
     real = hierarchical.HierarchicalCommunicator.__init__
 
-    def record(self, mpi_comm, *args, node_size=None, **options):
-        made.append((args, node_size, options))
+    def record(self, mpi_comm, split, *args, **options):
+        # What the split holds, then freed: the communicator owns its split.
+        made.append(((split.domain.Get_size(), split.domains, split.rail is not None), args,
+                     options))
+        split.free()
 
     hierarchical.HierarchicalCommunicator.__init__ = record
+    shape = (k, sc.world // k, True)  # domain size, domains, a rail
     try:
-        got = communicator.Communicator(MPI.COMM_WORLD, None, 1 << 20, 7.0, node_size=k,
-                                        debug=False)
+        got = factory.Communicator(MPI.COMM_WORLD, None, 1 << 20, 7.0, node_size=k, debug=False)
         sc.check(type(got) is hierarchical.HierarchicalCommunicator,
                  f"node_size={k}: Communicator() gave {type(got).__name__}")
-        sc.check(made == [((None, 1 << 20, 7.0), k, {"debug": False})],
+        options = {"kernels": None, "debug": False, "rail_method": "auto", "inter_node": None}
+        sc.check(made == [(shape, (None, 1 << 20, 7.0), options)],
                  f"node_size={k}: HierarchicalCommunicator got {made}")
         made.clear()
         os.environ[domains.RANKS_PER_NODE] = str(k)
-        got = communicator.Communicator(MPI.COMM_WORLD)
+        got = factory.Communicator(MPI.COMM_WORLD)
         sc.check(type(got) is hierarchical.HierarchicalCommunicator,
                  f"{domains.RANKS_PER_NODE}={k}: Communicator() gave {type(got).__name__}")
+        sc.check([m[0] for m in made] == [shape],
+                 f"{domains.RANKS_PER_NODE}={k}: HierarchicalCommunicator got {made}")
         del os.environ[domains.RANKS_PER_NODE]
         made.clear()
         try:
-            communicator.Communicator(MPI.COMM_WORLD, timeout=7.0)
+            factory.Communicator(MPI.COMM_WORLD, timeout=7.0)
         except Exception:  # noqa: BLE001 - no GPU: the one-node path fails, as it should
             pass
         sc.check(made == [], f"one domain, yet HierarchicalCommunicator got {made}")
-        sc.expect_raises(ValueError, lambda: communicator.Communicator(
+        sc.expect_raises(ValueError, lambda: factory.Communicator(
             MPI.COMM_WORLD, timeout=-1.0, node_size=k), "a negative timeout", contains=("timeout",))
     finally:
         hierarchical.HierarchicalCommunicator.__init__ = real

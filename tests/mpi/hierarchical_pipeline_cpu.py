@@ -1,14 +1,15 @@
 """HierarchicalCommunicator's own logic under mpirun without a GPU:
 tests/test_hierarchical_cpu.py runs it on 6 and 8 ranks.
 
-Its GPU side is replaced by host stand-ins: "device" memory is host memory,
-copies are memmove, events are done at once, and the domain's one-node
-communicator is a stand-in whose reduce_scatter and all_gather follow the
-shard rule over MPI on the domain (float32 sums in domain-rank order).  What
-runs for real: the split into domains and rails, the pieces and their
-double buffers, the shard arithmetic, the rail's sums, the rounding, the
-in-place path, errors.  With pieces of 64 elements per rank most calls run
-many pieces.
+Its GPU side is replaced by host stand-ins: "device" memory is host memory
+(a new output array too), copies are memmove, events are done at once, and
+the domain's node communicator is a stand-in whose reduce_scatter and
+all_gather follow the shard rule over MPI on the domain (float32 sums in
+domain-rank order).  What runs for real: pyar.Communicator's split into
+domains and rails and its dispatch, the pieces and their double buffers,
+the shard arithmetic, the rail's sums, the rounding, the in-place path, the
+argument checks, errors.  With pieces of 64 elements per rank most calls
+run many pieces.
 
 Checks, for every node size that divides the world (and leaves several
 domains), fp32/fp16/bf16, counts 1, 7, 100, 1001, 2053, out of place and in
@@ -37,9 +38,9 @@ from mpi4py import MPI
 
 from allreduce_common import bits, run
 
-import pyar  # noqa: F401,E402
+import pyar  # noqa: E402
 from pyar.array import DeviceArray  # noqa: E402
-from pyar.comm import hierarchical, shards  # noqa: E402
+from pyar.comm import arguments, hierarchical, shards  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout  # noqa: E402
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -145,14 +146,19 @@ class FakeResources:
 
 
 class FakeLocal:
-    """The domain's communicator: reduce_scatter / all_gather by the shard
-    rule over MPI on the domain, float32 sums in rank order."""
+    """The domain's communicator, made as NodeCommunicator is, over ``node``
+    (the domain's BoundedComm, which it owns): reduce_scatter / all_gather by
+    the shard rule over MPI on the domain, float32 sums in rank order."""
+    _foreign = None  # what pyar.comm.operations' argument checks read of a communicator
 
-    def __init__(self, domain, device, max_size, timeout, *, node_size, kernels, debug,
-                 gpu_sharers):
-        self.comm = domain.Dup()
-        self.rank, self.world = domain.Get_rank(), domain.Get_size()
-        assert node_size == self.world
+    def __init__(self, node, device, max_size, timeout, *, kernels, debug, gpu_sharers):
+        self.node = node
+        self.rank, self.world = node.Get_rank(), node.Get_size()
+        # The data moves unbounded, as the kernels' would: a domain is a run
+        # of the world's ranks in order (one node).
+        me = MPI.COMM_WORLD.Get_rank()
+        self.comm = MPI.COMM_WORLD.Split(me // self.world, key=me)
+        assert self.comm.Get_rank() == self.rank, "the domain's ranks are not in world order"
         assert device == MPI.COMM_WORLD.Get_rank(), "not the node's GPUs in turn"
         assert gpu_sharers == MPI.COMM_WORLD.Get_size(), "not every rank on the GPU counted"
         self.device, self.max_size, self.timeout = 0, max_size, timeout
@@ -160,14 +166,8 @@ class FakeLocal:
         self.registered = []
         self.aborted = False
 
-    def _load_module(self, name):
+    def load_module(self, name):
         return name
-
-    def _device_array(self, x, what, stream=None):
-        return x
-
-    def _output(self, x, out, stream):
-        return device_array(np.zeros(x.shape, x.dtype)) if out is None else out
 
     def reduce_scatter(self, x, out, stream):
         lo, hi = shards.bounds(x.size, self.world, x.dtype.itemsize, self.rank)
@@ -195,9 +195,11 @@ class FakeLocal:
 
     def close(self):
         self.comm.Free()
+        self.node.Free()
 
     def abort(self):
         self.aborted = True
+        self.node.abandon()
 
 
 def inputs(dtype, n, rank, key):
@@ -263,8 +265,7 @@ def check_errors(sc, comm, shape):
 def check_debug(sc, k):
     """debug=True: ranks on different domains passing different sizes raise
     MismatchError on every rank before anything moves; agreeing calls work."""
-    comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=30.0, node_size=k,
-                                                 debug=True)
+    comm = pyar.Communicator(MPI.COMM_WORLD, timeout=30.0, node_size=k, debug=True)
     last = sc.world - 1
     x = device_array(np.ones(100 + (sc.rank == last), np.float32))
     sc.expect_raises(pyar.MismatchError, lambda: comm.allreduce(x), "sizes differ (debug)",
@@ -278,8 +279,8 @@ def check_debug(sc, k):
 
 def check_timeout(sc, k, inter_node="host"):
     """On the ``inter_node`` data path (tests/mpi/inter_node_cpu.py: "device")."""
-    comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=TIMEOUT, node_size=k,
-                                                 inter_node=inter_node)
+    comm = pyar.Communicator(MPI.COMM_WORLD, timeout=TIMEOUT, node_size=k,
+                             inter_node=inter_node)
     sc.check(comm.inter_node == inter_node, f"took the {comm.inter_node!r} path")
     x = device_array(np.ones(100, np.float32))
     y = comm.allreduce(x)
@@ -304,7 +305,7 @@ def check_registration_and_abort(sc, k):
     """register and unregister hand the domain's communicator the same pieces;
     abort() gives up through the domain's abort and closes, with no MPI step
     (the ranks abort at different times here)."""
-    comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=30.0, node_size=k)
+    comm = pyar.Communicator(MPI.COMM_WORLD, timeout=30.0, node_size=k)
     x = device_array(np.ones(1000, np.float32))
     comm.register(x)
     pieces = list(comm.local.registered)
@@ -324,11 +325,13 @@ def check_registration_and_abort(sc, k):
 
 
 def use_stand_ins():
-    """HierarchicalCommunicator on the stand-ins, pieces of 64 elements per rank."""
+    """HierarchicalCommunicator on the stand-ins, pieces of 64 elements per
+    rank; a new output array is host memory."""
     hierarchical._hip = FakeHip
-    hierarchical.Communicator = FakeLocal
+    hierarchical.NodeCommunicator = FakeLocal
     hierarchical.Resources = FakeResources
     hierarchical.PIECE_SHARD_ELEMENTS = 64
+    arguments.empty = lambda shape, dtype, stream=None: device_array(np.zeros(shape, dtype))
 
 
 def main(sc):
@@ -337,8 +340,7 @@ def main(sc):
     sizes = [k for k in range(1, sc.world) if sc.world % k == 0]
     for k in sizes:
         shape = f"{sc.world // k}x{k}"
-        comm = hierarchical.HierarchicalCommunicator(MPI.COMM_WORLD, timeout=30.0,
-                                                     node_size=k)
+        comm = pyar.Communicator(MPI.COMM_WORLD, timeout=30.0, node_size=k)
         sc.check((comm.world, comm.rank, comm.domains, comm.local.world) ==
                  (sc.world, sc.rank, sc.world // k, k), f"{shape}: {comm!r}")
         calls += check_sums(sc, comm, shape)

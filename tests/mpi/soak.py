@@ -19,7 +19,7 @@ and before it each rank may delay its stream (a spin kernel of up to 0.5 ms,
 p = 0.3) or itself (a host sleep of up to 2 ms, p = 0.05).  Every input is
 random per rank and step; every result is checked against the float64
 reference of all ranks' inputs (all-reduce: tests/mpi/checked_sums.py; fused:
-rmsnorm_fused.py's bounds).
+rmsnorm_fused_common.py's bounds).
 
 Flat: after a warm-up that makes every kind of call once at its largest
 size (and captures the graphs), and again at the end, each rank synchronizes
@@ -46,7 +46,7 @@ from pyar import _hip
 from allreduce_common import DTYPES, rng, run
 from buffer_lifetime import registrable
 from checked_sums import RandomSum
-from rmsnorm_fused import EPS, FP8, KINDS, Checker, group_size, host, random_inputs
+from rmsnorm_fused_common import EPS, FP8, KINDS, Checker, group_size, host, random_inputs
 from tests.gpu_kernels import GpuTestKernels
 
 MAX_SIZE = 1 << 20

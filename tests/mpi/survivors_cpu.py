@@ -13,15 +13,22 @@ import time
 from allreduce_common import run
 
 from pyar.comm import exchange  # noqa: E402
+from pyar.comm.bounded import BoundedComm  # noqa: E402
 from pyar.comm.errors import CollectiveTimeout  # noqa: E402
 
 WAIT = 0.5
 SLACK = 10.0  # ranks share two cores with the rest of the test run
 
 
+def bounded_node(comm, wait):
+    """The bounded MPI communicator a one-node pyar.Communicator runs its
+    host-side steps on (pyar/comm/factory.py builds it the same way)."""
+    return BoundedComm(exchange.ipc_split(comm, wait).domain, wait, "pyar.Communicator()")
+
+
 def main(sc):
     lost = sc.world - 1
-    node = exchange.node_local(sc.mpi, WAIT)
+    node = bounded_node(sc.mpi, WAIT)
     node.Barrier()  # every rank is there once
     if sc.rank != lost:
         started = time.monotonic()
@@ -34,7 +41,7 @@ def main(sc):
         group = sc.mpi.Get_group().Excl([lost])
         survivors = sc.mpi.Create_group(group, tag=23)
         sc.check(survivors.Get_size() == sc.world - 1, f"{survivors.Get_size()} survivors")
-        fresh = exchange.node_local(survivors, 30.0)
+        fresh = bounded_node(survivors, 30.0)
         ranks = fresh.allgather(sc.rank)
         sc.check(ranks == list(range(lost)), f"the survivors' communicator holds {ranks}")
         fresh.Barrier()

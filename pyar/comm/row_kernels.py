@@ -1,5 +1,6 @@
-"""Residual add + RMSNorm (+ quantization) after an all-reduce: argument checks,
-output allocation and the kernels of src/kernels/allreduce_rmsnorm.cu.
+"""The row kernels of src/kernels/allreduce_rmsnorm.cu: residual add +
+RMSNorm (+ quantization) after an all-reduce, their argument checks, output
+allocation and launch geometry.
 
 ``Communicator.allreduce_rmsnorm`` runs the fused collective; ``add_rmsnorm``
 and ``quantize`` here are the same steps on one GPU (a world of one, and the
@@ -13,20 +14,17 @@ import ml_dtypes
 import numpy as np
 
 from pyar import _hip, _kernels
-from pyar.array import DeviceArray, asarray, empty
+from pyar.array import DeviceArray
+from pyar.comm.arguments import checked_output, device_array, overlaps
+from pyar.comm.kernels import (
+    ADD_RMSNORM_ARGS, DTYPE_NAMES, PACK_BYTES, QUANT_KIND_NAMES, QUANTIZE_ARGS, Functions,
+    row_suffix,
+)
 
-DTYPES = {
-    np.dtype(np.float32): "f32",
-    np.dtype(np.float16): "f16",
-    np.dtype(ml_dtypes.bfloat16): "bf16",
-}
 QUANT_KINDS = ("fp8_per_token", "fp8_per_group", "mxfp4")
 FP8_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e4m3fnuz))
-PACK_BYTES = 16
 _E8M0 = np.dtype(np.uint8)
 _KIND_CODE = {None: 0, "fp8_per_token": 1, "fp8_per_group": 1, "mxfp4": 2}
-# QuantKind code -> the kind's part of a row kernel's name.
-KERNEL_KINDS = {0: "plain", 1: "fp8", 2: "mxfp4"}
 # Row blocks are whole multiples of the widest warp (AMD's 64 lanes), so
 # every warp of a block is full for its shuffles.
 ROW_THREAD_QUANTUM = 64
@@ -39,23 +37,6 @@ ROW_THREAD_QUANTUM = 64
 # quantize took 1.02-1.12x and plain add_rmsnorm 0.91-1.05x (two runs), so
 # those keep the fewest.
 PAIRED_ROW_PACKS = 512
-_ROW_TYPES = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "uint32", "uint32")
-# The fused kernels: input table, pack offset, the input to stage (0: read
-# the table as it is), tokens, the row arguments, state, timeout, signature,
-# call.
-FUSED_TYPES = ("ptr", "uint64", "ptr", "uint64", *_ROW_TYPES, "ptr", "uint64", "uint64",
-               "uint32")
-# The lamport kernels: this rank's input, tokens, the row arguments, state,
-# this rank's receive region, where a region starts past a rank's two-shot
-# scratch, packs per source in a slot, timeout, signature, call.
-LAMPORT_TYPES = ("ptr", "uint64", *_ROW_TYPES, "ptr", "ptr", "uint64", "uint64", "uint64",
-                 "uint64", "uint32")
-# Kernel A of split (input table, pack offset, input to stage, tokens, hidden,
-# state, timeout, signature, call): the rows' sums only, no row arguments.
-SPLIT_TYPES = ("ptr", "uint64", "ptr", "uint64", "uint32", "ptr", "uint64", "uint64",
-               "uint32")
-# add_rmsnorm: sums, tokens, the row arguments, the failure word (split) or 0.
-ADD_RMSNORM_TYPES = ("ptr", "uint64", *_ROW_TYPES, "ptr")
 
 FusedOutputs = collections.namedtuple("FusedOutputs", "out residual_out quantized scales")
 FusedOutputs.__doc__ = """What ``allreduce_rmsnorm`` returns.
@@ -176,25 +157,11 @@ class Quantization:
         return group_size
 
 
-def _device_array(x, what, device, stream):
-    # As Communicator._device_array: a foreign producer orders its pending
-    # work before ``stream``, where the kernels use the array.
-    if isinstance(x, np.ndarray):
-        raise TypeError(f"{what} is a host (numpy) array; copy it to the GPU with "
-                        "pyar.asarray first")
-    if not isinstance(x, DeviceArray):
-        x = asarray(x, stream=stream)
-    if x.size and x.device != device:
-        raise ValueError(f"{what} lives on device {x.device}, the call runs on device {device}")
-    if x.size and x.ptr % PACK_BYTES:
-        raise ValueError(f"{what} is not {PACK_BYTES}-byte aligned (address {x.ptr:#x})")
-    return x
-
 
 def _check_rows(a, what, operation):
-    if a.dtype not in DTYPES:
+    if a.dtype not in DTYPE_NAMES:
         raise TypeError(f"{what} has dtype {a.dtype}; {operation} supports "
-                        f"{', '.join(str(d) for d in DTYPES)}")
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
     if a.ndim != 2:
         raise ValueError(f"{what} must be 2-D (tokens, hidden), got shape {a.shape}")
 
@@ -208,20 +175,8 @@ def _lanes(hidden, dtype, layout):
     return lanes
 
 
-def _overlaps(a, b):
-    return a.size and b.size and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
-
-
 def _output(given, what, shape, dtype, stream, device):
-    if given is None:
-        return empty(shape, dtype, stream=_hip.as_stream(stream))  # see Communicator._output
-    given = _device_array(given, what, device, stream)
-    if given.shape != shape or given.dtype != dtype:
-        raise ValueError(f"{what} has shape {given.shape} and dtype {given.dtype}; expected "
-                         f"{shape} and {dtype}")
-    if given.readonly:
-        raise ValueError(f"{what} is a read-only array")
-    return given
+    return checked_output(given, what, shape, (dtype,), device, stream)
 
 
 class RowCall:
@@ -229,9 +184,9 @@ class RowCall:
 
     def __init__(self, x, residual, weight, eps, out, residual_out, quant, group_size,
                  fp8_dtype, quantized, scales, stream, device, layout):
-        x = _device_array(x, "x", device, stream)
-        residual = _device_array(residual, "residual", device, stream)
-        weight = _device_array(weight, "weight", device, stream)
+        x = device_array(x, "x", device, stream, aligned=True)
+        residual = device_array(residual, "residual", device, stream, aligned=True)
+        weight = device_array(weight, "weight", device, stream, aligned=True)
         _check_rows(x, "x", "allreduce_rmsnorm")
         for name, a in (("residual", residual), ("weight", weight)):
             if a.dtype != x.dtype:
@@ -282,7 +237,7 @@ class RowCall:
                                         ("scales", self.scales)) if a is not None]
         for i, (name, a) in enumerate(outputs):
             for other, b in inputs + outputs[:i]:
-                if _overlaps(a, b):
+                if overlaps(a, b):
                     raise ValueError(f"{name} overlaps {other}; outputs must be separate arrays "
                                      "(only residual_out may be residual itself)")
 
@@ -327,13 +282,10 @@ class RowKernels:
     def __init__(self, module):
         self.module = module
         self.layout = RowLayout(module)
-        self._functions = {}
+        self._functions = Functions(module)
 
     def function(self, name, types):
-        function = self._functions.get(name)
-        if function is None:
-            function = self._functions[name] = self.module.get_function(name, types)
-        return function
+        return self._functions.get(name, types)
 
     def launch(self, tokens, hidden, dtype, block_cap, max_blocks, cap_threads=None):
         """row_launch for this module's layout."""
@@ -345,7 +297,7 @@ class RowKernels:
         half-size blocks: two packs a thread for FP8 rows of PAIRED_ROW_PACKS
         or more."""
         itemsize = np.dtype(dtype).itemsize
-        paired = (KERNEL_KINDS[quant_code & 0xF] == "fp8"
+        paired = (QUANT_KIND_NAMES[quant_code & 0xF] == "fp8"
                   and hidden * itemsize // PACK_BYTES >= PAIRED_ROW_PACKS)
         return row_launch(tokens, hidden, itemsize, self.layout.max_row_threads, max_blocks,
                           tokens, least_per_thread=2 if paired else 1)
@@ -370,8 +322,9 @@ class RowKernels:
         geometry = self.local_launch(count, call.hidden, call.x.dtype, call.quant_code,
                                      max_blocks)
         function = self.function(
-            f"pyar_add_rmsnorm_{kernel_suffix(call.x.dtype, call.quant_code, geometry)}",
-            ADD_RMSNORM_TYPES)
+            "pyar_add_rmsnorm_" + row_suffix(call.x.dtype, call.quant_code,
+                                             geometry.packs_per_thread),
+            ADD_RMSNORM_ARGS)
         return (function, geometry.blocks, geometry.threads,
                 (s_ptr, count, *call.row_args(first, count), failed_ptr))
 
@@ -380,18 +333,12 @@ class RowKernels:
         if tokens == 0:
             return
         geometry = self.local_launch(tokens, hidden, y.dtype, quant.code, max_blocks)
-        function = self.function(f"pyar_quantize_{kernel_suffix(y.dtype, quant.code, geometry)}",
-                                 ("ptr", "uint64", "uint32", "ptr", "ptr", "uint32", "uint32"))
+        function = self.function(
+            "pyar_quantize_" + row_suffix(y.dtype, quant.code, geometry.packs_per_thread),
+            QUANTIZE_ARGS)
         function.launch(geometry.blocks, geometry.threads,
                         (y.ptr, tokens, hidden, quantized.ptr, scales.ptr, quant.code,
                          quant.group), stream=stream)
-
-
-def kernel_suffix(dtype, quant_code, geometry):
-    """<dtype>_<quant kind>_p<packs per thread>: the part of a row kernel's name
-    after the kernel's own (the fused kernels add _w<world>)."""
-    kind = KERNEL_KINDS[quant_code & 0xF]
-    return f"{DTYPES[np.dtype(dtype)]}_{kind}_p{geometry.packs_per_thread}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -424,7 +371,7 @@ def quantize(y, quant, group_size=128, fp8_dtype=None, quantized=None, scales=No
     ``(quantized, scales)``."""
     device = _hip.get_device()
     kernels = _kernels_for(device)
-    y = _device_array(y, "y", device, stream)
+    y = device_array(y, "y", device, stream, aligned=True)
     _check_rows(y, "y", "quantize")
     tokens, hidden = y.shape
     lanes = _lanes(hidden, y.dtype, kernels.layout)
@@ -433,7 +380,7 @@ def quantize(y, quant, group_size=128, fp8_dtype=None, quantized=None, scales=No
                         device)
     scales = _output(scales, "scales", (tokens, q.scale_columns), q.scale_dtype, stream, device)
     for name, a, others in (("quantized", quantized, (y,)), ("scales", scales, (y, quantized))):
-        if any(_overlaps(a, b) for b in others):
+        if any(overlaps(a, b) for b in others):
             raise ValueError(f"{name} overlaps its input or the other output")
     kernels.quantize(y, q, quantized, scales, stream, _local_blocks(device))
     return quantized, scales
