@@ -1,5 +1,5 @@
 """Reading the machine code of pyar's kernels for the barrier protocol's
-ordering (DESIGN.md, rule 6).
+ordering (docs/design.md, rule 6).
 
 AMD (gfx9: gfx90a, gfx94x, gfx950), disassembled with llvm-objdump:
   release  every ``buffer_wbl2`` (the L2 write-back of a system-scope

@@ -1,4 +1,4 @@
-"""Rule 6 of DESIGN.md, in the machine code of every shipped kernel (tier a).
+"""Rule 6 of docs/design.md, in the machine code of every shipped kernel (tier a).
 
 The package build of src/kernels (through the kernel cache: the same bytes
 the install shipped) is disassembled for every arch, kernel by kernel, and

@@ -30,12 +30,10 @@ _KIND_CODE = {None: 0, "fp8_per_token": 1, "fp8_per_group": 1, "mxfp4": 2}
 ROW_THREAD_QUANTUM = 64
 # Rows of at least this many packs: the single-GPU kernels that quantize to
 # FP8 take two packs a thread (quantize and add_rmsnorm with an FP8 quant=; a
-# row's outputs have the same bits at any packs per thread).  On an H100 at
-# hidden 4096 and 7168 bf16, 1024-8192 tokens, two packs took 0.73-0.84x the
-# time of one for FP8 per-token quantize, 0.89-0.98x per group, 0.88-0.99x for
-# add_rmsnorm with FP8 per token (per group up to 1.04x at some sizes); MXFP4
-# quantize took 1.02-1.12x and plain add_rmsnorm 0.91-1.05x (two runs), so
-# those keep the fewest.
+# row's outputs have the same bits at any packs per thread).  Two packs a
+# thread make the FP8 kernels faster on rows this wide; MXFP4 quantize and
+# plain add_rmsnorm gain nothing dependable from them, so those keep the
+# fewest (docs/tuning.md has the timings).
 PAIRED_ROW_PACKS = 512
 
 FusedOutputs = collections.namedtuple("FusedOutputs", "out residual_out quantized scales")

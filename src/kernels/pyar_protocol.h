@@ -8,7 +8,7 @@
 // Each call launches the same grid on every rank; block b of each rank meets
 // block b of every peer at the barriers below.
 //
-// Barriers (DESIGN.md, "The synchronization rules"):
+// Barriers (docs/design.md, "The synchronization protocol"):
 //   start  all ranks entered the call, so their inputs are complete;
 //   mid    (two-shot, two-stage) every rank's reduced shard is written;
 //   end    no peer still reads this rank's buffers: after it, the caller may
