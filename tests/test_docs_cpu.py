@@ -53,7 +53,7 @@ CITING_SUFFIXES = (".py", ".pyx", ".pxi", ".pxd", ".h", ".cu", ".cpp", ".c", ".m
 OLD_DESIGN_NAME = "DESIGN" + ".md"
 
 FIRST_COMMAND = (
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && "
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test,cuda,mpi]' && "
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n 4 --oversubscribe "
     "python examples/allreduce.py --size 16M --dtype bfloat16")
 SECOND_COMMAND = "python3 -m pytest -q tests"

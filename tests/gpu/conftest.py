@@ -75,7 +75,8 @@ def build_controls(out_dir, platform, arch, defines):
     if platform == "cuda":
         compiler = setup_kernels.find_nvcc()
         if compiler is None:
-            _unavailable("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda): cannot build the "
+            _unavailable("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda, the nvidia-cuda-nvcc "
+                         "wheel): cannot build the "
                          "positive control's kernels")
         command, suffix = setup_kernels.nvcc_command, ".fatbin"
     else:
