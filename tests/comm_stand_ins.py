@@ -43,12 +43,15 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 STATE, STAGED_TABLE, BUFFER = 0x5200_0000_0000, 0x5100_0000_0000, 0x5000_0000_0000
 SIGNAL_BYTES = 0x1000
+# The LL region, past the lamport region (its address is all a plan reads).
+LL_REGION = 0x5000_4000_0000
 
 
 def geometry(world=4, rank=0, max_size=4096, **overrides):
     """A NodeGeometry of ``world`` ranks whose buffer starts at BUFFER: the
     signals, then ``max_size`` bytes of scratch, of partial buffer, then the
-    lamport region (the layout of pyar.comm.connection)."""
+    lamport region and, at LL_REGION, the LL region (the layout of
+    pyar.comm.connection)."""
     scratch = BUFFER + SIGNAL_BYTES
     fields = dict(
         world=world, rank=rank, max_size=max_size, threads=512, max_blocks=256,
@@ -60,7 +63,8 @@ def geometry(world=4, rank=0, max_size=4096, **overrides):
         local_blocks=264, shared_gpu=False, state=STATE, staged_table=STAGED_TABLE,
         scratch=scratch, partial=scratch + max_size, failed_word=BUFFER + 0x800,
         lamport_region=scratch + 2 * max_size,
-        lamport_bytes=min(algorithms.LAMPORT_SEGMENT_BYTES, max_size), timeout_ns=10**9)
+        lamport_bytes=min(algorithms.LAMPORT_SEGMENT_BYTES, max_size),
+        ll_region=LL_REGION, ll_bytes=min(algorithms.LL_MAX_BYTES, max_size), timeout_ns=10**9)
     fields.update(overrides)
     return NodeGeometry(**fields)
 
@@ -106,7 +110,8 @@ class RecordingKernels:
         return self.functions[name]
 
     def allreduce(self, algo, dtype):
-        return self._get(kernels.allreduce_name(algo, dtype, self.world), kernels.ALLREDUCE_ARGS)
+        return self._get(kernels.allreduce_name(algo, dtype, self.world),
+                         kernels.allreduce_args(algo))
 
     def shard(self, operation, dtype, out_dtype):
         return self._get(kernels.shard_name(operation, dtype, out_dtype, self.world),

@@ -23,6 +23,17 @@ NVIDIA (sm_XX SASS, disassembled with cuobjdump):
            a ``MEMBAR.*.SYS`` before it with no global memory access between;
   acquire  every global ``.STRONG.SYS`` load (``ld.acquire.sys.global``) is
            followed by ``CCTL.IVALL`` before any later load or branch.
+LL packets (pyar_ll.h; kernels pyar_allreduce_ll_*, world W from the name):
+  store    the packet pushed to every rank is one 64-bit system-scope store
+           per rank: W such stores of one data register (AMD: a
+           ``*_store_dwordx2``, with ``sc0 sc1`` on gfx94x; NVIDIA:
+           ``STG.E.64.STRONG.SYS``); they are exempt from the release rule;
+  poll     at least W 64-bit system-coherent loads (AMD: a
+           ``*_load_dwordx2`` with the acquire's bits; NVIDIA:
+           ``LDG.E.64.STRONG.SYS``) that no invalidate follows: the polls,
+           exempt from the acquire rule.  A split packet (32-bit halves) or a
+           cached poll leaves fewer than W of either, and a 32-bit strong
+           access still meets the release and acquire rules.
 (The flags are 64-bit words: ``global_store_dwordx2``/``global_load_dwordx2``
 or their ``flat_`` forms on AMD, ``STG.E.64.STRONG.SYS``/``LDG.E.64.STRONG.SYS`` on
 NVIDIA; the rules read every width.  The host-visible error words are
@@ -45,6 +56,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import setup_kernels  # noqa: E402
+
+
+LL_KERNELS = "pyar_allreduce_ll_"  # the LL packet kernels (pyar_ll.h)
 
 
 class Instruction:
@@ -251,33 +265,82 @@ def amd_release_problems(code):
     return releases, problems
 
 
-def amd_acquire_problems(code, arch):
+def _amd_acquire_problem(code, i, arch):
+    """Why the system-coherent load at ``i`` is no acquire (no wait and
+    invalidate before the next vector load or branch), or None."""
+    instruction, waited = code[i], False
+    for later in code[i + 1:]:
+        if waited and _invalidates(later, arch):
+            return None
+        if _waits_for_memory(later):
+            waited = True
+        elif (is_vector_memory(later) and "_load" in later.mnemonic) or ends_block(later):
+            missing = "invalidate" if waited else "s_waitcnt vmcnt(0)"
+            return f"{instruction!r} reaches {later!r} without the {missing}"
+    return f"{instruction!r}: no acquire sequence before the end"
+
+
+def amd_acquire_problems(code, arch, polls=()):
     """[why] for every system-coherent load not followed by the wait and the
-    invalidate before the next vector load or branch."""
+    invalidate before the next vector load or branch (but the LL ``polls``)."""
     problems, acquires = [], 0
     for i, instruction in enumerate(code):
-        if not _system_coherent_load(instruction, arch):
+        if not _system_coherent_load(instruction, arch) or i in polls:
             continue
         acquires += 1
-        waited = False
-        for later in code[i + 1:]:
-            if waited and _invalidates(later, arch):
-                break
-            if _waits_for_memory(later):
-                waited = True
-            elif (is_vector_memory(later) and "_load" in later.mnemonic) or ends_block(later):
-                missing = "invalidate" if waited else "s_waitcnt vmcnt(0)"
-                problems.append(f"{instruction!r} reaches {later!r} without the {missing}")
-                break
-        else:
-            problems.append(f"{instruction!r}: no acquire sequence before the end")
+        problem = _amd_acquire_problem(code, i, arch)
+        if problem:
+            problems.append(problem)
     return acquires, problems
 
 
-def check_amd_kernel(code, arch):
+def ll_world(kernel):
+    """W of an LL kernel (pyar_allreduce_ll_<dtype>_w<W>), else 0."""
+    return int(kernel.rsplit("_w", 1)[1]) if kernel.startswith(LL_KERNELS) else 0
+
+
+def _packet_problems(world, stores, polls, store_name, poll_name):
+    """The LL packet rules over the candidate ``stores`` (their data
+    operands) and ``polls``."""
+    problems = []
+    pushed = max((stores.count(data) for data in set(stores)), default=0)
+    if pushed < world:
+        problems.append(f"no packet pushed to all {world} ranks as one {store_name} each "
+                        f"(at most {pushed} of one data register)")
+    if len(polls) < world:
+        problems.append(f"{len(polls)} packet polls ({poll_name} without an invalidate), "
+                        f"not {world}")
+    return problems
+
+
+def _store_data(instruction):
+    return instruction.operands.split(",")[1].split()[0]
+
+
+def amd_ll_polls(code, arch):
+    return {i for i, instruction in enumerate(code)
+            if _system_coherent_load(instruction, arch)
+            and instruction.mnemonic.endswith("load_dwordx2")
+            and _amd_acquire_problem(code, i, arch)}
+
+
+def amd_ll_problems(code, arch, world, polls):
+    system = ({"sc0", "sc1"} if arch.startswith("gfx94") or arch.startswith("gfx95")
+              else set())  # gfx90a: a store to the uncached region needs no bits
+    stores = [_store_data(instruction) for instruction in code
+              if is_vector_memory(instruction) and instruction.mnemonic.endswith("store_dwordx2")
+              and system <= _tokens(instruction)]
+    return _packet_problems(world, stores, polls, "system-scope *_store_dwordx2",
+                            "system-coherent *_load_dwordx2")
+
+
+def check_amd_kernel(code, arch, kernel=""):
+    world = ll_world(kernel)
+    polls = amd_ll_polls(code, arch) if world else set()
     releases, release_problems = amd_release_problems(code)
-    acquires, acquire_problems = amd_acquire_problems(code, arch)
-    return releases, acquires, release_problems + acquire_problems
+    acquires, acquire_problems = amd_acquire_problems(code, arch, polls)
+    ll_problems = amd_ll_problems(code, arch, world, polls) if world else []
+    return releases, acquires, release_problems + acquire_problems + ll_problems
 
 
 # ---------------------------------------------------------------------------
@@ -288,31 +351,52 @@ def _global_sys(instruction, kind):
     return instruction.mnemonic.startswith(kind + "G.") and ".STRONG.SYS" in instruction.mnemonic
 
 
-def check_cuda_kernel(code, arch=None):
+def _cuda_release_problem(code, i):
+    instruction = code[i]
+    for earlier in reversed(code[:i]):
+        if earlier.mnemonic.startswith("MEMBAR") and earlier.mnemonic.endswith(".SYS"):
+            return None
+        if earlier.mnemonic.startswith(("LDG", "STG", "LD.", "ST.", "ATOM", "RED")) or \
+                earlier.mnemonic.startswith(("BRA", "EXIT", "BSYNC", "RET")):
+            return f"{instruction!r}: {earlier!r} before it, no MEMBAR.SYS"
+    return f"{instruction!r}: no MEMBAR.SYS before it"
+
+
+def _cuda_acquire_problem(code, i):
+    instruction = code[i]
+    for later in code[i + 1:]:
+        if later.mnemonic == "CCTL.IVALL":
+            return None
+        if later.mnemonic.startswith(("LDG", "LD.", "ATOM", "BRA", "EXIT", "BSYNC", "RET")):
+            return f"{instruction!r} reaches {later!r} without CCTL.IVALL"
+    return f"{instruction!r}: no CCTL.IVALL before the end"
+
+
+def check_cuda_kernel(code, arch=None, kernel=""):
+    """(releases, acquires, [why]); an LL kernel's packet stores and polls
+    (64-bit, strong at system scope, without the release's MEMBAR or the
+    acquire's CCTL) meet the packet rules instead."""
     problems, releases, acquires = [], 0, 0
+    world = ll_world(kernel)
+    stores, polls = [], []
     for i, instruction in enumerate(code):
         if _global_sys(instruction, "ST"):
+            problem = _cuda_release_problem(code, i)
+            if world and problem and instruction.mnemonic == "STG.E.64.STRONG.SYS":
+                stores.append(instruction.operands.split(",")[-1].strip())
+                continue
             releases += 1
-            for earlier in reversed(code[:i]):
-                if earlier.mnemonic.startswith("MEMBAR") and earlier.mnemonic.endswith(".SYS"):
-                    break
-                if earlier.mnemonic.startswith(("LDG", "STG", "LD.", "ST.", "ATOM", "RED")) or \
-                        earlier.mnemonic.startswith(("BRA", "EXIT", "BSYNC", "RET")):
-                    problems.append(f"{instruction!r}: {earlier!r} before it, no MEMBAR.SYS")
-                    break
-            else:
-                problems.append(f"{instruction!r}: no MEMBAR.SYS before it")
+            problems += [problem] if problem else []
         elif _global_sys(instruction, "LD"):
+            problem = _cuda_acquire_problem(code, i)
+            if world and problem and instruction.mnemonic == "LDG.E.64.STRONG.SYS":
+                polls.append(i)
+                continue
             acquires += 1
-            for later in code[i + 1:]:
-                if later.mnemonic == "CCTL.IVALL":
-                    break
-                if later.mnemonic.startswith(("LDG", "LD.", "ATOM", "BRA", "EXIT", "BSYNC",
-                                              "RET")):
-                    problems.append(f"{instruction!r} reaches {later!r} without CCTL.IVALL")
-                    break
-            else:
-                problems.append(f"{instruction!r}: no CCTL.IVALL before the end")
+            problems += [problem] if problem else []
+    if world:
+        problems += _packet_problems(world, stores, polls, "STG.E.64.STRONG.SYS",
+                                     "LDG.E.64.STRONG.SYS")
     return releases, acquires, problems
 
 
@@ -426,7 +510,7 @@ def check_hsaco(path, objdump):
     rows = []
     for arch, code_object in sorted(code_objects(path).items()):
         for kernel, code in sorted(disassemble_amd(objdump, code_object, arch).items()):
-            rows.append((arch, kernel, *check_amd_kernel(code, arch)))
+            rows.append((arch, kernel, *check_amd_kernel(code, arch, kernel)))
     return rows
 
 
@@ -441,7 +525,7 @@ def check_fatbin(path, cuobjdump):
     rows = []
     for arch in fatbin_sass_archs(cuobjdump, path):
         for kernel, code in sorted(disassemble_cuda(cuobjdump, path, arch).items()):
-            rows.append((arch, kernel, *check_cuda_kernel(code)))
+            rows.append((arch, kernel, *check_cuda_kernel(code, arch, kernel)))
     return rows
 
 

@@ -229,7 +229,8 @@ def test_signature_bit_positions():
     assert layout.signature("onestage", 5, BF16, False, 0xF) == (
         5 | 3 << 40 | 3 << 48 | 0xF << 53)
     assert layout.OPERATIONS == {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4,
-                                 "split": 5, "reduce_scatter": 6, "all_gather": 7, "lamport": 8}
+                                 "split": 5, "reduce_scatter": 6, "all_gather": 7, "lamport": 8,
+                                 "ll": 9}
     assert layout.signature("split", (1 << 40) - 1, BF16, True, 0xF) < 1 << 57
     assert layout.signature("oneshot", 4096, np.float32, False, more=True) == (
         4096 | 1 << 40 | 1 << 48 | 1 << 57)
@@ -280,7 +281,9 @@ def test_signature_descriptions():
         "reduce_scatter 7 x bfloat16 registered, bfloat16 output")
     assert layout.describe_signature(layout.signature("all_gather", 9, np.float32, False)) == (
         "all_gather 9 x float32 staged")
-    assert "unknown call" in layout.describe_signature(9 << 40 | 1 << 48)
+    assert layout.describe_signature(layout.signature("ll", 4096, BF16, False)) == (
+        "allreduce ll 4096 x bfloat16 unstaged")
+    assert "unknown call" in layout.describe_signature(10 << 40 | 1 << 48)
     assert "unknown call" in layout.describe_signature(1 << 60 | 1 << 40 | 1 << 48)
     assert layout.describe_signature(layout.signature("oneshot", 8, BF16, True, more=True)) == (
         "allreduce oneshot 8 x bfloat16 registered (a chunk; more of the call follow)")

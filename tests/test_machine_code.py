@@ -27,12 +27,12 @@ needs_cuobjdump = pytest.mark.skipif(CUOBJDUMP is None, reason="no cuobjdump wit
                                      "not read here")
 # Every collective kernel opens with a start barrier and closes with an exit barrier.
 COLLECTIVES = ("pyar_allreduce_one_shot", "pyar_allreduce_two_shot", "pyar_allreduce_rmsnorm",
-               "pyar_reduce_scatter", "pyar_all_gather")
+               "pyar_reduce_scatter", "pyar_all_gather", mc.LL_KERNELS)
 HIP_ARCHS = ("gfx90a", "gfx942")  # what CI's clang-19 builds
 # Kernels that release their start flag before their data moves and acquire
-# the peers' flags once it has come (pyar_lamport.h): loads between the two
-# are their point, not a slow barrier.
-FLAG_AROUND_DATA = ("pyar_allreduce_rmsnorm_lamport",)
+# the peers' flags once it has come (pyar_lamport.h, pyar_ll.h): loads between
+# the two are their point, not a slow barrier.
+FLAG_AROUND_DATA = ("pyar_allreduce_rmsnorm_lamport", mc.LL_KERNELS)
 
 
 def is_collective(kernel):
@@ -125,12 +125,14 @@ def test_check_catches_the_dropped_release_wait(amd_without_release_wait):
     # staging copy's stores before both kernels' start flags, the output's stores before
     # the exit flags: pyar's wait in sync_block_before_release is inline assembly it does
     # not model -- it keeps a wait of its own; so one-shot, whose start barrier dropped
-    # it before the kernels staged their input, shows nothing now.)
+    # it before the kernels staged their input, shows nothing now.)  Every LL kernel's
+    # start flag (announce: before the block's first access to memory) loses it too.
     for arch, kernel, releases, _, problems in rows:
         assert releases > 0 and all("without s_waitcnt vmcnt(0)" in p for p in problems)
     assert {arch for arch, _ in caught} == set(HIP_ARCHS)
     assert {kernel for _, kernel in caught} == {
-        kernel for _, kernel, *_ in rows if kernel.startswith("pyar_allreduce_two_shot")}
+        kernel for _, kernel, *_ in rows
+        if kernel.startswith(("pyar_allreduce_two_shot", mc.LL_KERNELS))}
 
 
 @needs_objdump
@@ -320,7 +322,7 @@ def test_no_cuda_barrier_loads_between_its_release_and_acquire(cuda_fatbins):
             elif is_collective(kernel) and found:
                 late.append(f"{name} {arch} {kernel}: {found[0]}")
     assert late == []
-    assert len(around) == 63, sorted(around)  # the exemption names the lamport kernels only
+    assert len(around) == 63 + 21, sorted(around)  # the lamport and LL kernels only
     code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce.fatbin"],
                                "sm_90")["pyar_allreduce_one_shot_f32_w2"]
     release = next(i for i, instruction in enumerate(code) if mc._global_sys(instruction, "ST"))
@@ -396,3 +398,74 @@ def test_signature_cost_builds_leave_out_their_piece(tmp_path_factory):
         return any("-0x7a143595" in operands for _, operands in code)
 
     assert digests(shipped_code) and not digests(sass["no-signature"])
+
+
+# --- LL packets (pyar_ll.h) ----------------------------------------------------------
+
+def _replaced(code, chosen, *instead):
+    """``code`` with every instruction ``chosen(instruction)`` selects replaced by
+    the (mnemonic, operands) of ``instead(instruction)``."""
+    out = []
+    for instruction in code:
+        if not chosen(instruction):
+            out.append(instruction)
+            continue
+        out += [mc.Instruction(instruction.address, m, o) for m, o in instead[0](instruction)]
+    return out
+
+
+@needs_cuobjdump
+def test_cuda_ll_packets_are_single_64_bit_system_accesses(cuda_fatbins):
+    """sm_90 pyar_allreduce_ll_f32_w4: its packet stores and polls pass; split into
+    32-bit halves, or the polls cached (a weak, non-coherent load), the check fails."""
+    code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce.fatbin"],
+                               "sm_90")["pyar_allreduce_ll_f32_w4"]
+    kernel = "pyar_allreduce_ll_f32_w4"
+    releases, acquires, problems = mc.check_cuda_kernel(code, "sm_90", kernel)
+    assert releases >= 1 and acquires >= 1 and problems == []
+    store = lambda i: i.mnemonic == "STG.E.64.STRONG.SYS"  # noqa: E731
+    split = _replaced(code, store, lambda i: [("STG.E", i.operands),
+                                              ("STG.E.STRONG.SYS", i.operands)])
+    _, _, problems = mc.check_cuda_kernel(split, "sm_90", kernel)
+    assert any("no packet pushed to all 4 ranks" in p for p in problems), problems
+    assert any("no MEMBAR.SYS" in p for p in problems)  # the 32-bit halves are no packet
+    polls = {code[i].address for i in range(len(code)) if code[i].mnemonic ==
+             "LDG.E.64.STRONG.SYS" and mc._cuda_acquire_problem(code, i)}
+    assert len(polls) >= 4
+    poll = lambda i: i.address in polls  # noqa: E731
+    for instead, found in (("LDG.E.64.CONSTANT", "packet polls"),
+                           ("LDG.E.64", "packet polls"),
+                           ("LDG.E.STRONG.SYS", "without CCTL.IVALL")):
+        mutated = _replaced(code, poll, lambda i: [(instead, i.operands)])
+        _, _, problems = mc.check_cuda_kernel(mutated, "sm_90", kernel)
+        assert any(found in p for p in problems), (instead, problems)
+
+
+@needs_objdump
+@pytest.mark.parametrize("arch", HIP_ARCHS)
+def test_amd_ll_packets_are_single_64_bit_system_accesses(amd_bundles, arch):
+    """pyar_allreduce_ll_f32_w4: its packet stores (one dwordx2 with the system scope's
+    bits) and polls (one system-coherent dwordx2) pass; a store split into dwords, a poll
+    without the system-coherent bits (cached), or split into dwords, fails."""
+    code_objects = mc.code_objects(amd_bundles["allreduce.hsaco"])
+    if arch not in code_objects:
+        pytest.skip(f"no compiler here builds {arch}")
+    kernel = "pyar_allreduce_ll_f32_w4"
+    code = mc.disassemble_amd(OBJDUMP, code_objects[arch], arch)[kernel]
+    releases, acquires, problems = mc.check_amd_kernel(code, arch, kernel)
+    assert releases >= 1 and acquires >= 1 and problems == []
+    bits = ("sc0", "sc1") if arch == "gfx942" else ("glc",)
+    store = lambda i: i.mnemonic.endswith("store_dwordx2")  # noqa: E731
+    split = _replaced(code, store, lambda i: [(i.mnemonic[:-1], i.operands)] * 2)
+    _, _, problems = mc.check_amd_kernel(split, arch, kernel)
+    assert any("no packet pushed to all 4 ranks" in p for p in problems), problems
+    polls = {code[i].address for i in mc.amd_ll_polls(code, arch)}
+    assert len(polls) >= 4
+    poll = lambda i: i.address in polls  # noqa: E731
+    cached = _replaced(code, poll, lambda i: [(i.mnemonic, " ".join(
+        t for t in i.operands.split(" ") if t not in bits))])
+    _, _, problems = mc.check_amd_kernel(cached, arch, kernel)
+    assert any("packet polls" in p for p in problems), problems
+    halves = _replaced(code, poll, lambda i: [(i.mnemonic[:-1], i.operands)] * 2)
+    _, _, problems = mc.check_amd_kernel(halves, arch, kernel)
+    assert any("without the" in p for p in problems), problems

@@ -21,6 +21,16 @@ UNFUSED = "unfused"  # allreduce_rmsnorm's steps as separate kernels
 # receive slot and polls its own (src/kernels/pyar_lamport.h): no barrier
 # before the data moves, none at the end; for inputs up to LAMPORT_MAX_BYTES.
 LAMPORT = "lamport"
+# the barrier-free LL push one-shot all-reduce (src/kernels/pyar_ll.h): every
+# rank stores its input in 8-byte packets (4 bytes of data, a 4-byte flag)
+# into every rank's receive slot; for inputs up to LL_MAX_BYTES.  Forced only
+# (``algo="ll"``): ``choose`` never returns it until the GPU runs have
+# measured it.
+LL = "ll"
+# The largest input ``algo="ll"`` takes (the communicator's max_size when
+# that is smaller): a rank's receive region holds 2 generations x world
+# segments of twice this (a packet carries 4 bytes of data in 8).
+LL_MAX_BYTES = 256 << 10
 
 # world size -> largest message in bytes that still goes one-shot.  One-shot
 # reads W-1 whole peer inputs, so the more ranks, the sooner two-shot's
@@ -44,7 +54,7 @@ def choose(nbytes, world):
 
 
 def validate(algo):
-    return _known(algo, ALGORITHMS)
+    return _known(algo, ALGORITHMS + (LL,))
 
 
 # world size -> largest input (tokens * hidden * itemsize) that the fused

@@ -11,7 +11,7 @@ import ctypes
 import os
 
 from pyar import _hip, _kernels, diagnostics
-from pyar.comm import algorithms, exchange, fused_plan, layout, topology
+from pyar.comm import algorithms, exchange, fused_plan, layout, plan, topology
 from pyar.comm.errors import PeerAccessError
 from pyar.comm.kernels import DTYPE_NAMES, ERROR_WORDS, KernelSet, block_cap
 from pyar.comm.plan import NodeGeometry
@@ -58,11 +58,12 @@ class Connection:
         # per rank its call counters, then two slots of a segment per rank.
         lamport = partial + max_size
         lamport_bytes = fused_plan.lamport_segment(max_size)
+        ll_bytes = plan.ll_segment(max_size)
         bus_ids = node.allgather(exchange.run_everywhere(node, self._bus_id))
         exchange.run_everywhere(node, diagnostics.require_mps, bus_ids)
         exchange.run_everywhere(node, topology.enable_peer_access, device, self._rank, bus_ids)
         handles = node.allgather(exchange.run_everywhere(
-            node, self._allocate, lamport, lamport_bytes))
+            node, self._allocate, lamport, lamport_bytes, ll_bytes))
         exchange.run_everywhere(node, self._map_peers, handles, bus_ids, lay.signal_bytes,
                                 partial)
         self.registry = exchange.run_everywhere(node, BufferRegistry, node, resources)
@@ -87,7 +88,8 @@ class Connection:
             state=self._state.ptr, staged_table=self._staged_table.ptr,
             scratch=buffer + lay.signal_bytes, partial=buffer + partial,
             failed_word=buffer + lay.failed_offset, lamport_region=buffer + lamport,
-            lamport_bytes=lamport_bytes, timeout_ns=timeout_ns)
+            lamport_bytes=lamport_bytes, ll_region=buffer + self._ll_offset, ll_bytes=ll_bytes,
+            timeout_ns=timeout_ns)
         node.Barrier()  # every rank's signals are zeroed before anyone's first call
 
     def _load_kernels(self):
@@ -103,12 +105,17 @@ class Connection:
     def _bus_id(self):
         return _hip.Device(self._device).pci_bus_id
 
-    def _allocate(self, lamport, lamport_bytes):
+    def _allocate(self, lamport, lamport_bytes, ll_bytes):
         res = self._resources
         region = layout.lamport_region(self._world, lamport_bytes, self._layout.max_blocks)
-        self._buffer = res.device_memory(lamport + len(region), uncached=True)
+        # The LL receive region follows the lamport region, zeroed (no LL
+        # flag is 0).
+        self._ll_offset = lamport + len(region)
+        ll_size = layout.ll_region_bytes(self._world, ll_bytes, self._layout.max_blocks)
+        self._buffer = res.device_memory(self._ll_offset + ll_size, uncached=True)
         _hip.memset(self._buffer.ptr, 0, self._layout.signal_bytes)
         _hip.memcpy_htod(self._buffer.ptr + lamport, region)
+        _hip.memset(self._buffer.ptr + self._ll_offset, 0, ll_size)
         error = res.pinned_memory(4 * ERROR_WORDS)
         # A ctypes view, not a buffer export, so the memory can be freed later.
         self.error_words = (ctypes.c_uint32 * ERROR_WORDS).from_address(error.ptr)

@@ -28,6 +28,11 @@ QUANT_KIND_NAMES = {0: "plain", 1: "fp8", 2: "mxfp4"}
 # one_shot/two_shot (allreduce.cu): input table, in_offset, the input to stage
 # (0: read the table as it is), out, state, n, timeout_ns, signature, call.
 ALLREDUCE_ARGS = ("ptr", "uint64", "ptr", "ptr", "ptr", "uint64", "uint64", "uint64", "uint32")
+# ll (allreduce.cu, pyar_ll.h): this rank's input, out, state, this rank's LL
+# receive region, where a rank's region starts past its two-shot scratch,
+# packets per source segment, n, timeout_ns, signature, call.
+LL_ARGS = ("ptr", "ptr", "ptr", "ptr", "uint64", "uint64", "uint64", "uint64", "uint64",
+           "uint32")
 # reduce_scatter/all_gather (shards.cu): input table, in_offset, in_stride,
 # out, state, n, shard, first, count, timeout_ns, signature, call.
 SHARD_ARGS = ("ptr", "uint64", "uint64", "ptr", "ptr", "uint64", "uint64", "uint64",
@@ -65,6 +70,10 @@ ERROR_WORDS = 28
 
 def allreduce_name(algo, dtype, world):
     return f"pyar_allreduce_{algo.replace('shot', '_shot')}_{DTYPE_NAMES[dtype]}_w{world}"
+
+
+def allreduce_args(algo):
+    return LL_ARGS if algo == algorithms.LL else ALLREDUCE_ARGS
 
 
 def reduce_scatter_outputs(dtype):
@@ -134,7 +143,8 @@ class KernelSet:
         self.rows = rows
 
     def allreduce(self, algo, dtype):
-        return self._allreduce.get(allreduce_name(algo, dtype, self.world), ALLREDUCE_ARGS)
+        return self._allreduce.get(allreduce_name(algo, dtype, self.world),
+                                   allreduce_args(algo))
 
     def shard(self, operation, dtype, out_dtype):
         return self._shards.get(shard_name(operation, dtype, out_dtype, self.world), SHARD_ARGS)
@@ -145,8 +155,10 @@ class KernelSet:
             fused_args(variant))
 
     def every_allreduce(self):
+        """Every all-reduce kernel, the LL ones included: they spin too, so
+        their occupancy bounds the all-reduce's block cap alike."""
         return [self.allreduce(algo, dtype)
-                for algo in algorithms.ALGORITHMS for dtype in DTYPE_NAMES]
+                for algo in algorithms.ALGORITHMS + (algorithms.LL,) for dtype in DTYPE_NAMES]
 
     def every_shard(self):
         return ([self.shard("reduce_scatter", d, o)

@@ -62,6 +62,17 @@ def lamport_region(world, segment_bytes, max_blocks):
     slots = np.full(LAMPORT_SLOTS * world * segment_bytes // 4, LAMPORT_EMPTY_WORD, np.uint32)
     return counters.tobytes() + slots.tobytes()
 
+# --- the LL kernels' receive region (src/kernels/pyar_ll.h) -----------------------
+LL_GENERATIONS = 2
+LL_PACKET_BYTES = 8  # 4 bytes of data and a 4-byte flag
+
+
+def ll_region_bytes(world, ll_bytes, max_blocks):
+    """A rank's LL receive region: a call counter per block (uint32), then
+    two generations of ``world`` segments, each the packets of ``ll_bytes``
+    of data.  It starts zeroed: no flag is 0."""
+    packets = ll_bytes // 4
+    return 4 * max_blocks + LL_GENERATIONS * world * packets * LL_PACKET_BYTES
 
 
 # --- the call signature (src/kernels/pyar_protocol.h compares it) -----------------
@@ -72,14 +83,14 @@ def lamport_region(world, segment_bytes, max_blocks):
 # launches of a rank's calls parse into calls one way only: a call of two
 # chunks never agrees with two calls of one chunk each.
 OPERATIONS = {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4, "split": 5,
-              "reduce_scatter": 6, "all_gather": 7, "lamport": 8}
+              "reduce_scatter": 6, "all_gather": 7, "lamport": 8, "ll": 9}
 SIGNATURE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2,
                     np.dtype(ml_dtypes.bfloat16): 3}
 _ELEMENT_BITS = 40
 _QUANT_BITS = 4
 _COLLECTIVE = {"oneshot": "allreduce", "twoshot": "allreduce", "onestage": "allreduce_rmsnorm",
                "twostage": "allreduce_rmsnorm", "split": "allreduce_rmsnorm",
-               "lamport": "allreduce_rmsnorm"}
+               "lamport": "allreduce_rmsnorm", "ll": "allreduce"}
 
 Signature = collections.namedtuple("Signature",
                                    "operation elements dtype registered quantization more")
@@ -120,7 +131,8 @@ def describe_signature(value):
     s = decode_signature(value)
     if s.operation is None or s.dtype is None or value >> 58:
         return f"an unknown call (signature {value:#018x})"
-    mode = "registered" if s.registered else "staged"
+    # LL reads its input in place, unregistered: no peer reads it.
+    mode = "registered" if s.registered else "unstaged" if s.operation == "ll" else "staged"
     what = f"{s.elements} x {s.dtype.name} {mode}"
     if s.more:
         what += " (a chunk; more of the call follow)"

@@ -29,7 +29,9 @@ class NodeGeometry:
     ``partial`` (two-shot and split's gather buffer), ``failed_word`` (the
     Signal word split's second kernel reads), ``lamport_region`` (the
     lamport kernels' receive region) and ``lamport_bytes`` (one receive
-    segment).  ``timeout_ns`` bounds every wait of the kernels."""
+    segment), ``ll_region`` (the LL all-reduce's receive region) and
+    ``ll_bytes`` (the data one of its segments holds: the largest LL call).
+    ``timeout_ns`` bounds every wait of the kernels."""
     world: int
     rank: int
     max_size: int
@@ -47,6 +49,8 @@ class NodeGeometry:
     failed_word: int
     lamport_region: int
     lamport_bytes: int
+    ll_region: int
+    ll_bytes: int
     timeout_ns: int
 
 
@@ -70,9 +74,33 @@ class Launch(NamedTuple):
     details: Optional[str] = None
 
 
+def ll_segment(max_size):
+    """The data one LL receive segment holds: the largest input
+    ``algo="ll"`` takes (LL_MAX_BYTES, or ``max_size`` when that is smaller)."""
+    return min(algorithms.LL_MAX_BYTES, max_size)
+
+
+def ll_refusal(ll_bytes, x, out):
+    """Why the LL kernels, whose segments hold ``ll_bytes``, cannot take
+    this call, or None."""
+    if x.nbytes > ll_bytes:
+        return (f"takes inputs of at most {ll_bytes} bytes (its receive segment: "
+                f"LL_MAX_BYTES {algorithms.LL_MAX_BYTES}, or max_size when smaller), not "
+                f"{x.nbytes}")
+    itemsize = x.dtype.itemsize
+    if x.ptr % itemsize or out.ptr % itemsize:
+        return f"needs x and out aligned to their element size ({itemsize} bytes)"
+    return None
+
+
 def allreduce_algorithm(geometry, x, out, algo, registered):
     """The all-reduce algorithm a call runs: ``algo``, or the table's choice
-    for "auto"."""
+    for "auto" (never LL: it is forced only)."""
+    if algo == algorithms.LL:
+        refusal = ll_refusal(geometry.ll_bytes, x, out)
+        if refusal:
+            raise ValueError(f"algo='ll' {refusal}")
+        return algo
     in_place_registered = registered and out.ptr == x.ptr
     if algo == "auto":
         algo = algorithms.choose(x.nbytes, geometry.world)
@@ -99,10 +127,25 @@ def chunk_input(geometry, x, offset, nbytes, registered):
     return geometry.staged_table, 0, 0, Copy(geometry.scratch, x.ptr + offset, nbytes)
 
 
+def ll(geometry, kernels, x, out):
+    """The one launch of an LL all-reduce: it reads x in place (never
+    staged, never registered: no peer reads it) and fits one segment."""
+    words = -(-x.nbytes // 4)
+    blocks = min(geometry.allreduce_blocks, max(1, -(-words // geometry.threads)))
+    signature = layout.signature(algorithms.LL, x.size, x.dtype, False)
+    return Launch(kernels.allreduce(algorithms.LL, x.dtype), blocks, geometry.threads,
+                  (x.ptr, out.ptr, geometry.state, geometry.ll_region,
+                   geometry.ll_region - geometry.partial, geometry.ll_bytes // 4, x.size,
+                   geometry.timeout_ns, signature),
+                  "allreduce", f"(ll, {x.size} x {x.dtype})")
+
+
 def allreduce(geometry, kernels, x, out, algo, registered):
     """The steps of one all-reduce of ``x`` into ``out`` with ``algo`` (as
     allreduce_algorithm chose it), chunk by chunk; ``registered``: the input
     table peers read x through, or None (staged)."""
+    if algo == algorithms.LL:
+        return [ll(geometry, kernels, x, out)]
     steps = []
     function = kernels.allreduce(algo, x.dtype)
     itemsize = x.dtype.itemsize

@@ -35,8 +35,10 @@ class CommunicatorProtocol(Protocol):
         Asynchronous like a kernel launch; ``synchronize()`` waits and reports
         a peer that never arrived as CollectiveTimeout.  A new ``out`` comes
         from the stream-ordered pool on ``stream``.  ``algo``: "auto",
-        "oneshot" (every rank reads every peer's input; latency) or "twoshot"
-        (reduce-scatter then all-gather; bandwidth)."""
+        "oneshot" (every rank reads every peer's input; latency), "twoshot"
+        (reduce-scatter then all-gather; bandwidth) or "ll" (forced only: every
+        rank pushes LL packets into every rank's receive region, no barrier;
+        inputs up to algorithms.LL_MAX_BYTES or max_size)."""
 
     def allreduce_rmsnorm(self, x, residual, weight, eps=1e-6, out=None, residual_out=None,
                           stream=None, *, quant=None, group_size=128, fp8_dtype=None,

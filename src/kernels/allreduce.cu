@@ -1,7 +1,9 @@
 // pyar's all-reduce kernels: one-shot and two-shot, on the protocol of
-// pyar_protocol.h (barriers, epochs, why each barrier exists).
+// pyar_protocol.h (barriers, epochs, why each barrier exists), and the
+// barrier-free LL one-shot of pyar_ll.h.
 #include <stddef.h>
 
+#include "pyar_ll.h"
 #include "pyar_protocol.h"
 
 namespace pyar {
@@ -193,3 +195,34 @@ extern "C" __device__ const uint64_t pyar_allreduce_layout[6] = {
 
 PYAR_ALLREDUCE_TYPES(one_shot)
 PYAR_ALLREDUCE_TYPES(two_shot)
+
+// The LL push one-shot (pyar_ll.h): this rank's input and output, the state,
+// this rank's LL receive region, where a rank's region starts past its
+// two-shot scratch, packets per source segment, n, timeout, signature, call.
+#define PYAR_LL_ENTRY(name, T, W)                                                          \
+  extern "C" __global__ void PYAR_ALLREDUCE_BOUNDS pyar_allreduce_ll_##name##_w##W(         \
+      const void *x, void *out, const pyar::CommState *state, void *region,                 \
+      uint64_t region_offset, uint64_t capacity, uint64_t n, uint64_t timeout_ns,           \
+      uint64_t signature, uint32_t call) {                                                  \
+    pyar::ll<T, W>(x, out, state, region, region_offset, capacity, n,                       \
+                   pyar::CallInfo{timeout_ns, signature, call});                            \
+  }
+
+#define PYAR_LL_WORLDS(name, T) \
+  PYAR_LL_ENTRY(name, T, 2)     \
+  PYAR_LL_ENTRY(name, T, 3)     \
+  PYAR_LL_ENTRY(name, T, 4)     \
+  PYAR_LL_ENTRY(name, T, 5)     \
+  PYAR_LL_ENTRY(name, T, 6)     \
+  PYAR_LL_ENTRY(name, T, 7)     \
+  PYAR_LL_ENTRY(name, T, 8)
+
+// Not in the builds without the call signature (PYAR_TEST_NO_SIGNATURE), which
+// price the barrier kernels' start barrier (benchmarks/signature_cost.py):
+// there ptxas of CUDA 13.0 gives up on pyar_allreduce_ll_f32_w2 (C7600,
+// "Register allocation failed with register count of '7'").
+#if !defined(PYAR_TEST_NO_SIGNATURE)
+PYAR_LL_WORLDS(f32, float)
+PYAR_LL_WORLDS(f16, __half)
+PYAR_LL_WORLDS(bf16, pyar::bf16_bits)
+#endif

@@ -107,6 +107,39 @@ PYAR_DEVICE Word load_volatile(const Word *word) {
 #endif
 }
 
+// --- LL packets (pyar_ll.h) ---------------------------------------------------
+// An 8-byte packet, 4 bytes of data and a 4-byte flag, naturally aligned, is
+// stored by one 64-bit store and read by one 64-bit load, both strong at
+// system scope, so a reader that sees the flag sees the data stored with it.
+// Relaxed: a packet orders nothing but itself.
+//   NVIDIA  st/ld.relaxed.sys.global.b64: one scalar 64-bit strong access,
+//           single-copy atomic in the PTX memory model.  Not volatile
+//           .v2.u32: PTX treats a vector access as one access per element,
+//           so a reader could see the flag without its data.
+//   AMD     a relaxed system-scope 64-bit atomic: one naturally aligned
+//           dwordx2 access, which the ISA performs as one 64-bit access,
+//           with the system scope's cache bits (gfx942: sc0 sc1 on both;
+//           gfx90a: glc on the load, none on the store); the receive
+//           region is in the uncached IPC allocation, so the poll reads
+//           memory, not a stale line.  (tests/machine_code.py checks both.)
+PYAR_DEVICE void store_packet(uint64_t *slot, uint64_t packet) {
+#if PYAR_AMD
+  __hip_atomic_store(slot, packet, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  asm volatile("st.relaxed.sys.global.b64 [%0], %1;" ::"l"(slot), "l"(packet) : "memory");
+#endif
+}
+
+PYAR_DEVICE uint64_t load_packet(const uint64_t *slot) {
+#if PYAR_AMD
+  return __hip_atomic_load(slot, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  uint64_t packet;
+  asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(packet) : "l"(slot) : "memory");
+  return packet;
+#endif
+}
+
 // --- Time, for bounded spins -------------------------------------------------
 
 // Nanoseconds from a clock that runs at a fixed rate whatever the SM clock.

@@ -22,7 +22,7 @@
 // (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | onestage | twostage | split | reducescatter |
+//   KERNEL     oneshot | twoshot | ll | onestage | twostage | split | reducescatter |
 //              allgather, or several joined by '+' that take turns call by
 //              call (twoshot+twostage: two kernels sharing the partial region
 //              back to back)
@@ -54,6 +54,12 @@
 //   --stage after-start | other-block   staged kernels copy their input after the
 //                      start barrier, or the next block's packs (a mutation run)
 //   --signature-check off   the start barrier ignores the signatures
+//   --ll-mutation one-generation | no-count | split-store | no-refresh
+//                      the LL kernel's positive controls (pyar_ll.h, LLMutation)
+//   --ll-count-bits N  the LL flags' count bits (default: the kernel's)
+//   --large-every P    call c takes --elements elements when c % P == 0, an
+//                      eighth of them otherwise (the LL refresh's tests)   (1)
+//   --late R.US        rank R starts every call US microseconds late
 //   --failed-word off  split's kernel B is given no failure word (as the
 //                      single-GPU step is): it norms after a failed kernel A
 //   --seed S --jitter ONE_IN --sleep-us US --delay-us US --timeout-ms MS
@@ -80,6 +86,11 @@ inline bool no_idle_fill = false;
 // How staged kernels copy their input (--stage: pyar::StageMutation), with
 // -DPYAR_TEST_STAGE_MUTATION=host::stage_mutation.
 inline int stage_mutation = 0;
+// The LL kernel's mutation (--ll-mutation: pyar::LLMutation) and its count
+// bits (--ll-count-bits, 0: the kernel's), with
+// -DPYAR_TEST_LL_MUTATION=host::ll_mutation -DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits.
+inline int ll_mutation = 0;
+inline uint32_t ll_count_bits = 0;
 }  // namespace host
 }  // namespace pyar
 
@@ -109,6 +120,10 @@ using pyar::Pack16;
 // is) after the table and its offset.
 using AllreduceEntry = void (*)(const InputTable *, uint64_t, const Pack16 *, Pack16 *,
                                 const CommState *, uint64_t, uint64_t, uint64_t, uint32_t);
+// The LL one-shot: x, out, state, this rank's region, the regions' offset past
+// the partial scratch, packets per source segment, n, timeout, signature, call.
+using LLEntry = void (*)(const void *, void *, const CommState *, void *, uint64_t, uint64_t,
+                         uint64_t, uint64_t, uint64_t, uint32_t);
 using FusedEntry = void (*)(const InputTable *, uint64_t, const Pack16 *, uint64_t,
                             const Pack16 *, const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *,
                             uint32_t, float, uint32_t, uint32_t, const CommState *, uint64_t,
@@ -161,6 +176,7 @@ const std::map<std::string, void *> &entries() {
   static const std::map<std::string, void *> table = {
       PYAR_NAMED_TYPES(pyar_allreduce_one_shot),
       PYAR_NAMED_TYPES(pyar_allreduce_two_shot),
+      PYAR_NAMED_TYPES(pyar_allreduce_ll),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_one_stage),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_two_stage),
       PYAR_NAMED_SPLIT(pyar_allreduce_rmsnorm_split),
@@ -213,6 +229,10 @@ struct Options {
   int stale = -1;
   bool no_idle_fill = false;
   int stage_mutation = 0;
+  int ll_mutation = 0;
+  uint32_t ll_count_bits = 0;
+  uint64_t large_every = 1;
+  uint32_t late_rank = ~0u, late_us = 0;
 
   std::vector<std::string> kernels;  // call c runs kernels[c % size]
 
@@ -223,7 +243,8 @@ struct Options {
   bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
   const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
   uint64_t elements_of(uint64_t call) const {
-    return fused(kernel_of(call)) ? tokens * hidden : elements;
+    if (fused(kernel_of(call))) return tokens * hidden;
+    return call % large_every == 0 ? elements : elements / 8;
   }
   bool registered() const { return variant == "registered"; }
   bool disagrees(uint32_t rank, uint64_t call) const {
@@ -231,7 +252,7 @@ struct Options {
   }
 };
 
-// RANK.CALL of --absent and --disagree.
+// RANK.CALL of --absent and --disagree (RANK.US of --late).
 std::pair<uint32_t, uint64_t> rank_and_call(const std::string &key, const std::string &value) {
   const size_t dot = value.find('.');
   if (dot == std::string::npos) usage(key + " is RANK.CALL");
@@ -243,6 +264,14 @@ int phase(const std::string &name) {
   if (name == "mid") return pyar::kMid;
   if (name == "exit") return pyar::kEnd;
   usage("--skip is start, mid or exit, not " + name);
+}
+
+int ll_mutation(const std::string &name) {
+  if (name == "one-generation") return pyar::kLLOneGeneration;
+  if (name == "no-count") return pyar::kLLNoCount;
+  if (name == "split-store") return pyar::kLLSplitStore;
+  if (name == "no-refresh") return pyar::kLLNoRefresh;
+  usage("--ll-mutation is one-generation, no-count, split-store or no-refresh, not " + name);
 }
 
 int stage_mutation(const std::string &name) {
@@ -260,8 +289,9 @@ Options parse(int argc, char **argv) {
     const size_t plus = std::min(o.kernel.find('+', first), o.kernel.size());
     o.kernels.push_back(o.kernel.substr(first, plus - first));
     const std::string &k = o.kernels.back();
-    if (k != "oneshot" && k != "twoshot" && !Options::fused(k) && !Options::sharded(k))
-      usage("KERNEL is oneshot, twoshot, onestage, twostage, split, reducescatter or "
+    if (k != "oneshot" && k != "twoshot" && k != "ll" && !Options::fused(k) &&
+        !Options::sharded(k))
+      usage("KERNEL is oneshot, twoshot, ll, onestage, twostage, split, reducescatter or "
             "allgather, or several joined by '+', not " + o.kernel);
     first = plus + 1;
   }
@@ -285,6 +315,13 @@ Options parse(int argc, char **argv) {
     else if (key == "--stale") o.stale = phase(value);
     else if (key == "--idle-fill") o.no_idle_fill = value == "off";
     else if (key == "--stage") o.stage_mutation = stage_mutation(value);
+    else if (key == "--ll-mutation") o.ll_mutation = ll_mutation(value);
+    else if (key == "--ll-count-bits") o.ll_count_bits = uint32_t(std::stoul(value));
+    else if (key == "--large-every") o.large_every = std::stoull(value);
+    else if (key == "--late") {
+      const auto [rank, us] = rank_and_call(key, value);
+      o.late_rank = rank, o.late_us = uint32_t(us);
+    }
     else if (key == "--absent") std::tie(o.absent_rank, o.absent_call) = rank_and_call(key, value);
     else if (key == "--disagree")
       std::tie(o.disagree_rank, o.disagree_call) = rank_and_call(key, value);
@@ -314,6 +351,12 @@ Options parse(int argc, char **argv) {
   if (o.blocks == 0 || o.blocks > uint32_t(pyar::kMaxBlocks)) usage("--blocks is 1..256");
   if (o.stale >= 0 && !o.set_epoch) usage("--stale needs --epoch-start");
   if (o.stale == pyar::kStart) usage("--stale is mid or exit: every kernel waits at start");
+  if (o.large_every == 0) usage("--large-every is 1 or more");
+  if (o.ll_count_bits && (o.ll_count_bits < 3 || o.ll_count_bits > 16))
+    usage("--ll-count-bits is 3..16");
+  const bool ll = std::count(o.kernels.begin(), o.kernels.end(), "ll") > 0;
+  if (ll && o.registered()) usage("the LL kernel reads its input in place: never registered");
+  if (ll && o.elements * 4 > o.max_size) usage("an LL call must fit --max-size");
   return o;
 }
 
@@ -334,7 +377,7 @@ uint64_t signature(const std::string &kernel, uint64_t count, const std::string 
                    bool registered, uint32_t variant) {
   static const std::map<std::string, uint64_t> operations = {
       {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4}, {"split", 5},
-      {"reducescatter", 6}, {"allgather", 7}};
+      {"reducescatter", 6}, {"allgather", 7}, {"ll", 9}};
   const uint64_t dtype_code = dtype == "f32" ? 1 : dtype == "f16" ? 2 : 3;
   return count | operations.at(kernel) << 40 | dtype_code << 48 | uint64_t(registered) << 52 |
          uint64_t(variant) << 53;
@@ -361,7 +404,9 @@ struct RowGeometry {
 
 struct Rank {
   uint32_t rank = 0;
-  Memory buffer;  // Signal area | staging scratch | partial region (two-shot, two-stage gather)
+  // Signal area | staging scratch | partial region (two-shot, two-stage gather) |
+  // LL receive region
+  Memory buffer;
   CommState state{};
   InputTable staged{}, registered{};
   uint32_t error[pyar::kErrorWords] = {};
@@ -378,6 +423,7 @@ struct Rank {
 
   pyar::Signal *signal() { return reinterpret_cast<pyar::Signal *>(buffer.data()); }
   Pack16 *scratch() { return buffer.data() + sizeof(pyar::Signal) / 16; }
+  void *ll_region(uint64_t max_size) { return scratch() + 2 * max_size / 16; }
 };
 
 // --- one rank's stream ---------------------------------------------------------
@@ -393,7 +439,7 @@ struct Run {
     for (uint32_t r = 0; r < o.world; ++r) {
       Rank &k = ranks[r];
       k.rank = r;
-      k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size);
+      k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size + ll_region_bytes());
       if (o.set_epoch) start_epochs(k.signal(), o.epoch_start, o.stale);
     }
     for (uint32_t r = 0; r < o.world; ++r) {
@@ -410,6 +456,13 @@ struct Run {
     }
   }
 
+  // The LL region: its header, then two generations of a segment per rank,
+  // each of max_size / 4 packets (a call of max_size bytes at most).
+  uint64_t ll_capacity() const { return o.max_size / 4; }
+  uint64_t ll_region_bytes() const {
+    return pyar::kLLHeaderBytes + pyar::kLLGenerations * o.world * ll_capacity() * 8;
+  }
+
   // The test hook of epoch wrap: as if this many calls had run already, the
   // last 2^31 of them (--stale) without storing into phase `stale`'s slots.
   static void start_epochs(pyar::Signal *s, uint32_t epoch, int stale) {
@@ -421,7 +474,8 @@ struct Run {
     }
   }
 
-  void delay(std::mt19937_64 &random) {
+  void delay(const Rank &k, std::mt19937_64 &random) {
+    if (k.rank == o.late_rank) host::sleep_us(o.late_us);
     if (o.delay_us && random() % 3 == 0) host::sleep_us(uint32_t(random() % o.delay_us));
   }
 
@@ -477,8 +531,8 @@ struct Run {
   // The signature rank `rank` passes for a launch of `count` elements of call c.
   uint64_t signature_of(uint32_t rank, uint64_t c, const std::string &kernel,
                         uint64_t count) const {
-    return signature(kernel, count + (o.disagrees(rank, c) ? 1 : 0), o.dtype, o.registered(),
-                     kernel == "reducescatter" && o.out == "f32");
+    return signature(kernel, count + (o.disagrees(rank, c) ? 1 : 0), o.dtype,
+                     o.registered() && kernel != "ll", kernel == "reducescatter" && o.out == "f32");
   }
 
   bool absent(const Rank &k, uint64_t call) const {
@@ -522,9 +576,10 @@ struct Run {
     for (uint64_t j = 0; j < o.hidden; ++j) weight[j] = element<T>(float(1 + j % 5) / 4.f);
     for (uint64_t c = 0; c < o.calls && !absent(k, c); ++c) {
       const std::string &kernel = o.kernel_of(c);
-      delay(random);
+      delay(k, random);
       const bool done = Options::fused(kernel)     ? fused_call<T>(k, c, kernel)
                         : Options::sharded(kernel) ? shard_call<T>(k, c, kernel)
+                        : kernel == "ll"           ? ll_call<T>(k, c)
                                                    : allreduce_call<T>(k, c, kernel);
       if (!done)
         return;  // failed: the host raises CollectiveTimeout or MismatchError
@@ -533,6 +588,50 @@ struct Run {
   }
 
   // --- all-reduce: Communicator._allreduce_steps ---
+  // --- the LL all-reduce: plan.ll, one launch reading x in place ---
+  template <typename T>
+  bool ll_call(Rank &k, uint64_t c) {
+    const uint64_t n = o.elements_of(c);
+    const auto kernel = reinterpret_cast<LLEntry>(
+        entry("pyar_allreduce_ll_" + o.dtype + "_w" + std::to_string(o.world)));
+    T *out = o.in_place ? k.x.as<T>() : k.out.as<T>();
+    const bool skipped = c == o.disagree_call;  // as in allreduce_call
+    if (skipped && !o.in_place) std::memset(k.out.data(), 0xff, k.out.packs.size() * 16);
+    const std::vector<Pack16> before = (o.in_place ? k.x : k.out).packs;
+    const uint64_t words = (n * sizeof(T) + 3) / 4;
+    const uint64_t wanted = std::max<uint64_t>(1, (words + pyar::kThreads - 1) / pyar::kThreads);
+    const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, wanted));
+    const uint32_t first_chunk = k.call;
+    const uint32_t call = k.call++;
+    const uint64_t sig = signature_of(k.rank, c, "ll", n);
+    host::launch(blocks, pyar::kThreads, [&] {
+      kernel(k.x.data(), out, &k.state, k.ll_region(o.max_size), o.max_size, ll_capacity(), n,
+             timeout_ns, sig, call);
+    });
+    ++k.chunks;
+    return allreduce_result<T>(k, c, first_chunk, skipped, before, out, n,
+                               [&](uint32_t rank, uint64_t) {
+                                 return signature_of(rank, c, "ll", n);
+                               });
+  }
+
+  // The end of an all-reduce call: a call every rank skips left its output
+  // as it was; the error record (`expected(rank, chunk index)`: the
+  // signatures); the exact sums.
+  template <typename T, typename Expected>
+  bool allreduce_result(Rank &k, uint64_t c, uint32_t first_chunk, bool skipped,
+                        const std::vector<Pack16> &before, const T *out, uint64_t n,
+                        const Expected &expected) {
+    if (skipped) k.touched += changed(before, o.in_place ? k.x : k.out);
+    if (record_failure(k, first_chunk, expected)) return false;
+    if (skipped) return false;  // nobody noticed: the control build
+    for (uint64_t i = 0; i < n; ++i) {
+      const float want = exact_sum<T>(c, i);
+      if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
+    }
+    return true;
+  }
+
   template <typename T>
   bool allreduce_call(Rank &k, uint64_t c, const std::string &name) {
     const uint64_t n = o.elements;
@@ -561,17 +660,11 @@ struct Run {
       });
       ++k.chunks;
     }
-    if (skipped) k.touched += changed(before, o.in_place ? k.x : k.out);
-    if (record_failure(k, first_chunk, [&](uint32_t rank, uint64_t index) {
-          return signature_of(rank, c, name, std::min(chunk, n - index * chunk));
-        }))
-      return false;
-    if (skipped) return false;  // nobody noticed: the control build
-    for (uint64_t i = 0; i < n; ++i) {
-      const float want = exact_sum<T>(c, i);
-      if (value<T>(out[i]) != want) mismatch(k, c, i, value<T>(out[i]), want);
-    }
-    return true;
+    return allreduce_result<T>(k, c, first_chunk, skipped, before, out, n,
+                               [&](uint32_t rank, uint64_t index) {
+                                 return signature_of(rank, c, name,
+                                                     std::min(chunk, n - index * chunk));
+                               });
   }
 
   // --- fused all-reduce + RMSNorm: Communicator._rmsnorm_steps ---
@@ -820,6 +913,14 @@ int main(int argc, char **argv) {
   host::no_idle_fill = o.no_idle_fill;
 #else
   if (o.no_idle_fill) usage("--idle-fill off needs -DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill");
+#endif
+#if defined(PYAR_TEST_LL_MUTATION) && defined(PYAR_TEST_LL_COUNT_BITS)
+  host::ll_mutation = o.ll_mutation;
+  host::ll_count_bits = o.ll_count_bits;
+#else
+  if (o.ll_mutation || o.ll_count_bits)
+    usage("--ll-mutation and --ll-count-bits need -DPYAR_TEST_LL_MUTATION=host::ll_mutation "
+          "-DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits");
 #endif
 #if defined(PYAR_TEST_STAGE_MUTATION)
   host::stage_mutation = o.stage_mutation;

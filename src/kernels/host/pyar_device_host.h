@@ -10,7 +10,8 @@
 //     plain loads and stores, so an access a barrier does not order is a
 //     race TSan reports;
 //   - the error record is written and read with relaxed atomics (volatile on
-//     the GPU: host-visible words, written once);
+//     the GPU: host-visible words, written once), and so are LL packets
+//     (one relaxed 64-bit atomic each, as on the GPU);
 //   - spins are bounded by a host clock, and let the block's other lanes run.
 #pragma once
 
@@ -100,6 +101,18 @@ PYAR_DEVICE void store_volatile(uint64_t *word, uint64_t value) {
 template <typename Word>
 PYAR_DEVICE Word load_volatile(const Word *word) {
   return std::atomic_ref<Word>(*const_cast<Word *>(word)).load(std::memory_order_relaxed);
+}
+
+// LL packets: relaxed 64-bit atomics, as on the GPU, so ThreadSanitizer
+// sees a packet as one atomic access that orders nothing else.
+PYAR_DEVICE void store_packet(uint64_t *slot, uint64_t packet) {
+  host::maybe_delay();
+  std::atomic_ref<uint64_t>(*slot).store(packet, std::memory_order_relaxed);
+}
+
+PYAR_DEVICE uint64_t load_packet(const uint64_t *slot) {
+  host::yield_lane();  // polled in spins: let the block's other lanes run
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t *>(slot)).load(std::memory_order_relaxed);
 }
 
 PYAR_DEVICE uint64_t now_ns() {

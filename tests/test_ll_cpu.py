@@ -1,0 +1,163 @@
+"""The LL all-reduce's host side without a GPU (tier a): its entry points and
+argument types against allreduce.cu, its receive region against pyar_ll.h,
+the planner's one launch (by parameter name, never staged nor registered),
+its refusals, "auto" never choosing it, and a whole forced call through a
+NodeCommunicator assembled over the stand-ins of tests/comm_stand_ins.py.
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+
+from pyar.comm import algorithms, kernels, layout, plan  # noqa: E402
+from pyar.comm.plan import Launch  # noqa: E402
+from tests.comm_stand_ins import (  # noqa: E402
+    BF16, F16, F32, RecordingKernels, RecordingModule, RegistryStandIn, array, assemble,
+    geometry,
+)
+from tests.comm_stand_ins import capturing, copies, sequences  # noqa: E402,F401 - fixtures
+from tests.mpi_launch import ROOT  # noqa: E402
+
+KERNELS = os.path.join(ROOT, "src", "kernels")
+X, OUT = 0x7000_0000_0000, 0x7100_0000_0000
+# The LL entry's parameters, by name (PYAR_LL_ENTRY in allreduce.cu).
+PARAMETERS = ("x", "out", "state", "region", "region_offset", "capacity", "n", "timeout_ns",
+              "signature", "call")
+C_KINDS = {"const void *": "ptr", "void *": "ptr", "const pyar::CommState *": "ptr",
+           "uint64_t": "uint64", "uint32_t": "uint32"}
+
+
+def _read(name):
+    with open(os.path.join(KERNELS, name)) as f:
+        return f.read()
+
+
+def _ll_entries():
+    """(entry names, [(C type, parameter name)]) the LL macros of allreduce.cu define."""
+    source = _read("allreduce.cu")
+    entry = re.search(r"#define PYAR_LL_ENTRY\(name, T, W\)(.*?)\{", source, re.S)
+    params = re.search(r"_w##W\((.*?)\)", entry.group(1).replace("\\", ""), re.S).group(1)
+    typed = [re.match(r"(.*?)(\w+)$", p.strip()).groups() for p in params.split(",")]
+    typed = [(" ".join(c.split()).replace(" *", " *"), n) for c, n in typed]
+    worlds = re.findall(r"^\s*PYAR_LL_ENTRY\(name, T, (\d+)\)", source, re.M)
+    types = re.findall(r"^PYAR_LL_WORLDS\((\w+), [\w:]+\)", source, re.M)
+    return {f"pyar_allreduce_ll_{t}_w{w}" for t in types for w in worlds}, typed
+
+
+def test_ll_entries_are_the_ones_the_host_asks_for():
+    names, typed = _ll_entries()
+    assert len(names) == 3 * 7, sorted(names)
+    assert tuple(n for _, n in typed) == PARAMETERS
+    assert tuple(C_KINDS[c] for c, _ in typed) == kernels.LL_ARGS
+    for world in range(2, 9):
+        module = RecordingModule()
+        kernel_set = kernels.KernelSet(world, module, RecordingModule(), rows=None)
+        for dtype in kernels.DTYPE_NAMES:
+            kernel_set.allreduce(algorithms.LL, dtype)
+        assert {(n, a) for n, a in module.requests} == {
+            (kernels.allreduce_name("ll", d, world), kernels.LL_ARGS) for d in kernels.DTYPE_NAMES}
+        assert {n for n, _ in module.requests} <= names
+
+
+def test_every_allreduce_includes_the_ll_kernels():
+    """They spin like the barrier kernels: their occupancy bounds the block cap too."""
+    module = RecordingModule()
+    kernels.KernelSet(4, module, RecordingModule(), rows=None).every_allreduce()
+    asked = {n for n, _ in module.requests}
+    assert {kernels.allreduce_name("ll", d, 4) for d in kernels.DTYPE_NAMES} <= asked
+    assert len(asked) == 3 * 3
+
+
+def test_region_layout_matches_the_kernel():
+    """Header: a uint32 call count per block (kLamportHeaderBytes = kMaxBlocks * 4); two
+    generations of world segments of 8-byte packets, 4 bytes of data each."""
+    ll, lamport = _read("pyar_ll.h"), _read("pyar_lamport.h")
+    assert "constexpr int kLLGenerations = 2;" in ll
+    assert "constexpr int kLLHeaderBytes = kLamportHeaderBytes;" in ll
+    assert "constexpr int kLamportHeaderBytes = kMaxBlocks * 4;" in lamport
+    assert layout.LL_GENERATIONS == 2 and layout.LL_PACKET_BYTES == 8
+    assert layout.ll_region_bytes(8, 256 << 10, 256) == 1024 + 2 * 8 * 2 * (256 << 10)
+
+
+def test_auto_never_picks_ll_but_it_may_be_forced():
+    for world in range(2, 9):
+        for nbytes in (0, 16, 4096, 64 << 10, 1 << 20):
+            assert algorithms.choose(nbytes, world) in algorithms.ALGORITHMS
+    assert algorithms.validate("ll") == "ll"
+    assert plan.ll_segment(1 << 30) == algorithms.LL_MAX_BYTES and plan.ll_segment(4096) == 4096
+
+
+@pytest.mark.parametrize("dtype, count", [(F32, 1000), (F16, 1001), (BF16, 7)])
+def test_planner_ll_step(dtype, count):
+    """One launch reading x in place (no copy, no table), arguments by parameter name."""
+    node = geometry(world=4, max_size=1 << 20)
+    x, out = array(X, count, dtype), array(OUT, count, dtype)
+    assert plan.allreduce_algorithm(node, x, out, "ll", None) == "ll"
+    (step,) = plan.allreduce(node, RecordingKernels(4), x, out, "ll", None)
+    assert type(step) is Launch and step.kind == "allreduce"
+    got = dict(zip(PARAMETERS, step.args))
+    assert got == {"x": X, "out": OUT, "state": node.state, "region": node.ll_region,
+                   "region_offset": node.ll_region - node.partial,
+                   "capacity": node.ll_bytes // 4, "n": count, "timeout_ns": node.timeout_ns,
+                   "signature": layout.signature("ll", count, dtype, False)}
+    words = -(-count * dtype.itemsize // 4)
+    assert (step.grid, step.block) == (min(3, -(-words // 512)), 512)
+    assert step.details == f"(ll, {count} x {dtype})"
+
+
+def test_planner_refuses_ll_over_its_segment_or_misaligned():
+    node = geometry(world=4, max_size=1 << 20)
+    limit = node.ll_bytes
+    assert limit == algorithms.LL_MAX_BYTES
+    fits = array(X, limit // 4, F32)
+    assert plan.allreduce_algorithm(node, fits, fits, "ll", None) == "ll"
+    big = array(X, limit // 4 + 1, F32)
+    with pytest.raises(ValueError, match=f"algo='ll' takes inputs of at most {limit} bytes"):
+        plan.allreduce_algorithm(node, big, big, "ll", None)
+    odd = array(X + 2, 16, F32)
+    with pytest.raises(ValueError, match="aligned to their element size"):
+        plan.allreduce_algorithm(node, odd, odd, "ll", None)
+
+
+def test_a_forced_call_is_one_launch_never_staged_nor_registered(copies, sequences):
+    """comm.allreduce(algo="ll"), in place and not: one LL launch per call, no copy, the
+    registry never asked (an input registered on every rank is still read in place), the
+    call number after the arguments; a replay of the same call runs its plan."""
+    registry = RegistryStandIn()
+    x, out = array(X, 4096, BF16), array(OUT, 4096, BF16)
+    registry.tables[(x.ptr, x.nbytes)] = 0x5300_0000_0000
+    comm = assemble(4, max_size=8192, registry=registry)
+    assert comm.allreduce(x, out, algo="ll") is out
+    assert comm.allreduce(x, x, algo="ll") is x
+    (function,) = comm.kernels.functions.values()
+    assert function.name == kernels.allreduce_name("ll", BF16, 4)
+    assert function.argtypes == kernels.LL_ARGS
+    assert [dict(zip(PARAMETERS, a))["out"] for _, _, a, _ in function.launches] == [OUT, X]
+    assert [a[-1] for _, _, a, _ in function.launches] == [0, 1]  # the call numbers
+    assert copies == [] and registry.deferred == []
+    assert comm.allreduce(x, out, algo="ll") is out  # replayed from its plan
+    assert any(seq.runs for seq in sequences)
+
+
+def test_a_forced_call_over_the_limit_is_refused_at_every_world_size():
+    for world in (1, 4):
+        comm = assemble(world, max_size=4096)
+        with pytest.raises(ValueError, match="at most 4096 bytes"):
+            comm.allreduce(array(X, 4096, F16), array(OUT, 4096, F16), algo="ll")
+
+
+def test_a_captured_call_defers_no_registration(sequences, capturing):
+    """Captured, a barrier call defers its input's registration to the exchange at the
+    end of the capture (peers read it in place); an LL call reads only its own input and
+    defers nothing: it needs no buffer exchange."""
+    registry = RegistryStandIn()
+    comm = assemble(4, registry=registry)
+    x, out = array(X, 1000, F16), array(OUT, 1000, F16)
+    capturing.add(0x1234)
+    comm.allreduce(x, out, algo="ll", stream=0x1234)
+    assert registry.deferred == []
+    comm.allreduce(x, out, algo="oneshot", stream=0x1234)
+    assert registry.deferred == [x]
