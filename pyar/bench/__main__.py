@@ -7,7 +7,9 @@ time over that one.  With ``--node-size K``, the all-reduce across IPC
 domains of K ranks (simulated nodes on one machine) instead
 (pyar/bench/nodes.py).  With ``--fused``, the fused all-reduce + RMSNorm against
 the unfused steps per token count instead (``--hidden``, ``--tokens``,
-``--quant``).  Rows are printed as they are measured.
+``--quant``).  With ``--latency``, per size the forced one-shot, two-shot
+and LL beside an empty kernel's time, eager and from a graph, instead
+(pyar/bench/latency.py).  Rows are printed as they are measured.
 """
 import argparse
 import socket
@@ -19,7 +21,7 @@ from mpi4py import MPI
 
 import pyar
 from pyar import _hip, diagnostics
-from pyar.bench import exact, fused, measure, nodes, report, traffic
+from pyar.bench import exact, fused, latency, measure, nodes, report, traffic
 from pyar.bench.host_mpi import HostRoundTrip
 from pyar.bench.progress import Progress
 from pyar.bench.sizes import doubling, parse_size
@@ -81,6 +83,9 @@ def parse_args(argv):
                              "(nodes) of this many ranks against the MPI host round trip")
     parser.add_argument("--fused", action="store_true",
                         help="time allreduce_rmsnorm against the unfused steps instead")
+    parser.add_argument("--latency", action="store_true",
+                        help="time the forced oneshot, twoshot and ll (where it takes the "
+                             "size) beside an empty kernel, eager and from a graph, instead")
     parser.add_argument("--hidden", type=int, default=4096, help="--fused: hidden size")
     parser.add_argument("--tokens", type=fused.parse_tokens, default=fused.DEFAULT_TOKENS,
                         help="--fused: comma-separated token counts")
@@ -107,6 +112,10 @@ def parse_args(argv):
         if args.fused or args.graph or args.staged:
             parser.error("--node-size times the all-reduce across domains alone: no --fused, "
                          "--graph (MPI calls cannot be captured) or --staged")
+    if args.latency and (args.fused or args.node_size is not None or args.staged or args.graph
+                         or args.plot):
+        parser.error("--latency times its own eager and graph rows of the forced algorithms: "
+                     "no --fused, --node-size, --staged, --graph or --plot")
     if args.plot:
         if args.fused:
             parser.error("--plot draws the all-reduce sweep; --fused has no plot")
@@ -211,6 +220,8 @@ def point_count(args, local_world=None, on_device=False):
     if args.fused:
         return 2 * len(args.quants) * len(args.tokens)
     largest = largest_message(args)
+    if args.latency:
+        return latency.point_count(len(list(doubling(args.min, largest, args.factor))))
     if args.node_size is None:
         per_size = 1 + len(args.algos) + args.staged + args.graph
     else:
@@ -245,12 +256,13 @@ def main(argv=None):
         what = (f"pyar allreduce_rmsnorm (fused) vs all-reduce + add_rmsnorm + quantize "
                 f"(unfused), hidden {args.hidden}" if args.fused else
                 f"pyar all-reduce across nodes, {nodes.heading(comm, on_device)}" if across else
-                "pyar all-reduce")
+                "pyar all-reduce latency: forced algorithms against an empty kernel"
+                if args.latency else "pyar all-reduce")
         title = (f"{what}, {comm.world} ranks on "
                  f"{'one shared ' if extra['one_gpu'] else ''}{device.name} ({device.arch}), "
                  f"{args.dtype}")
-        table = fused.table() if args.fused else report.table()
-        cells = fused.cells if args.fused else report.cells
+        shape = fused if args.fused else latency if args.latency else report
+        table, cells = shape.table(), shape.cells
         progress = Progress(point_count(args, comm.local.world if across else None, on_device),
                             enabled=leader and not args.no_progress)
         if leader:
@@ -266,6 +278,10 @@ def main(argv=None):
                                extra["copy_bandwidth_GBps"] * 1e9, show)
         elif across:
             rows = nodes.sweep(args, comm, mpi, largest_message(args), show, on_device)
+        elif args.latency:
+            rows = latency.sweep(
+                args, comm, mpi, largest_message(args), show, GRAPH_CALLS,
+                lambda *point: _time_point(args, comm, mpi, *point))
         else:
             rows = sweep(args, comm, mpi, extra, show)
         progress.close()
@@ -278,7 +294,7 @@ def main(argv=None):
     wrong = sum(row.get("wrong") or 0 for row in rows)
     if leader:
         if not args.fused:
-            print(f"\n{nodes.LEGEND if across else report.LEGEND}")
+            print(f"\n{nodes.LEGEND if across else shape.LEGEND}")
         if extra["copy_bandwidth_GBps"]:
             print(f"device-to-device copy bandwidth (read + write): "
                   f"{extra['copy_bandwidth_GBps']:.0f} GB/s; hbm_eff = bytes all ranks' kernels "

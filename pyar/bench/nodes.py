@@ -24,7 +24,7 @@ import pyar
 from pyar import _hip
 from pyar.bench import exact, measure, report
 from pyar.bench.host_mpi import HostRoundTrip
-from pyar.bench.sizes import doubling
+from pyar.bench.points import points
 from pyar.comm import shards
 from pyar.comm.hierarchical import HierarchicalCommunicator
 
@@ -77,12 +77,7 @@ def sweep(args, comm, mpi, largest, show, on_device=False):
     shard_buffer = pyar.empty((hi - lo,), np.float32, stream=stream)
     gathered_in = pyar.empty((hi - lo,), dtype, stream=stream)
     rows = []
-    for nbytes in doubling(args.min, largest, args.factor):
-        count = max(1, nbytes // dtype.itemsize)
-        moved = count * dtype.itemsize
-        iterations = args.iters or measure.iterations_for(nbytes)
-        src, dst = measure.prefix(x, count), measure.prefix(y, count)
-        expected = exact.expected_sum(count, world) if args.check else None
+    for count, moved, iterations, src, dst, expected in points(args, x, y, largest, world):
 
         def timed(call):
             return measure.time_per_call(mpi, call, iterations, args.warmup, stream)

@@ -60,6 +60,9 @@ CONTROL_BUILDS = {
     "lagging_control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER",
                                 *LAG),
     "lamport_control_kernels": ("PYAR_TEST_LAMPORT_KEEP_DATA=1",),
+    # pyar_ll.h's mutation, which the host build sets from a variable, is a
+    # constant here; the enumerator resolves inside namespace pyar.
+    "ll_control_kernels": ("PYAR_TEST_LL_MUTATION=kLLOneGeneration",),
 }
 # The code objects a Communicator loads (by these names, from kernels=DIR).
 CONTROL_SOURCES = ("allreduce", "allreduce_rmsnorm", "shards")
@@ -154,6 +157,15 @@ def kernels_keeping_lamport_data(tmp_path_factory):
     test session."""
     return _build_control_kernels(tmp_path_factory, "lamport_control_kernels",
                                   CONTROL_BUILDS["lamport_control_kernels"])
+
+
+@pytest.fixture(scope="session")
+def kernels_with_one_ll_generation(tmp_path_factory):
+    """The kernels whose LL all-reduce uses one generation of receive slots for
+    every call (PYAR_TEST_LL_MUTATION=kLLOneGeneration): LL's positive control,
+    once per test session."""
+    return _build_control_kernels(tmp_path_factory, "ll_control_kernels",
+                                  CONTROL_BUILDS["ll_control_kernels"])
 
 
 @pytest.fixture(scope="session")

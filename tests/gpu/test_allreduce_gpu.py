@@ -3,10 +3,11 @@ API), every rank on GPU 0 under MPS on the one-GPU machine.
 
 Each test runs one scenario of tests/mpi/allreduce_*.py under mpirun
 (tests.mpi_launch.run_scenario); a scenario covers fp32/fp16/bf16 and both
-algorithms itself, to keep the number of mpirun launches down, checks every
-result on every rank, exits non-zero on every rank when any check failed, and
-prints summary rows (test, world, algo, dtype, calls, mismatches, ...) that
-the test asserts on and the GPU runner tabulates.
+algorithms itself (and LL, forced only, at sizes within LL_MAX_BYTES), to keep
+the number of mpirun launches down, checks every result on every rank, exits
+non-zero on every rank when any check failed, and prints summary rows (test,
+world, algo, dtype, calls, mismatches, ...) that the test asserts on and the
+GPU runner tabulates.
 """
 import pytest
 
@@ -24,6 +25,10 @@ WORLDS = [2, 3, 4, 8]
 # calls before 2**32, so the scenario's barriers compare epochs across the wrap.
 WRAP = [False, True]
 WRAP_IDS = ["epochs-from-zero", "across-epoch-wrap"]
+# The barrier-free LL one-shot, forced only: every correctness scenario runs it at
+# sizes it takes (up to LL_MAX_BYTES = 256 KiB).
+ALGOS = ("oneshot", "twoshot")
+WITH_LL = ALGOS + ("ll",)
 
 
 @pytest.mark.parametrize("wrap", WRAP, ids=WRAP_IDS)
@@ -31,12 +36,13 @@ WRAP_IDS = ["epochs-from-zero", "across-epoch-wrap"]
 def test_probe_all_ones(world, wrap):
     """Every rank's input is all ones -> every element of every call equals
     the world size exactly: 50 calls per (dtype, algo, size), sizes 1, 7, 4095,
-    2**20 + 3, each into an output poisoned with NaN just before; with ``wrap``
+    2**20 + 3 (LL: the largest odd count within 256 KiB instead), each into
+    an output poisoned with NaN just before; with ``wrap``
     each size starts 25 calls before the epochs reach 2**32."""
     args, test = (("wrap",), "probe-wrap") if wrap else ((), "probe")
     rows = rows_of(scenario("allreduce_probe", world, *args), test)
     assert {(r["dtype"], r["algo"]) for r in rows} == {
-        (d, a) for d in ("float32", "float16", "bfloat16") for a in ("oneshot", "twoshot")}
+        (d, a) for d in ("float32", "float16", "bfloat16") for a in WITH_LL}
     for row in rows:
         assert row["calls"] >= 4 * 50, row
         assert row["mismatches"] == 0, row
@@ -46,13 +52,14 @@ def test_probe_all_ones(world, wrap):
 def test_random_inputs(world):
     """Random per-rank inputs against a float64 reference with a per-dtype
     tolerance; sizes 1, 7, 4095, 2**20 + 3, and around and over a 1 MiB
-    scratch buffer (chunked); staged/registered, out of place/in place,
-    one-shot/two-shot/auto; bitwise identical across ranks, ways and
+    scratch buffer (chunked), the largest odd count LL takes; staged/registered,
+    out of place/in place, one-shot/two-shot/auto/LL (where it takes the
+    size); bitwise identical across ranks, ways and
     algorithms; out-of-place inputs unchanged."""
     rows = rows_of(scenario("allreduce_random", world, timeout=420), "random")
     assert {(r["dtype"], r["algo"]) for r in rows} == {
         (d, a) for d in ("float32", "float16", "bfloat16")
-        for a in ("oneshot", "twoshot", "auto")}
+        for a in ("oneshot", "twoshot", "auto", "ll")}
     for row in rows:
         assert row["calls"] > 0, row
         assert row["mismatches"] == 0, row
@@ -67,16 +74,17 @@ def test_adversarial_write_after_read(world, wrap):
     """The seeds' bug provoked: 1000 calls per (dtype, algo, variant), queued
     50 at a time with no host sync; every caller overwrites its input with NaN
     right after each call while random ranks are delayed or disturbed; staged
-    and registered inputs.  Zero mismatches.  With ``wrap``: fp32 only, each
+    and registered inputs; then LL, 500 calls per dtype of its largest input
+    (read in place: "unstaged").  Zero mismatches.  With ``wrap``: fp32 only, each
     (algo, variant) starting 300 calls before the epochs reach 2**32."""
     mode, test = ("wrap", "adversarial-wrap") if wrap else ("main", "adversarial")
     rows = rows_of(scenario("allreduce_adversarial", world, mode, timeout=420), test)
     dtypes = ("float32",) if wrap else ("float32", "float16", "bfloat16")
     assert {(r["dtype"], r["algo"], r["variant"]) for r in rows} == {
-        (d, a, v) for d in dtypes for a in ("oneshot", "twoshot")
-        for v in ("staged", "registered")}
+        (d, a, v) for d in dtypes for a in ALGOS
+        for v in ("staged", "registered")} | {(d, "ll", "unstaged") for d in dtypes}
     for row in rows:
-        assert row["calls"] >= 1000, row
+        assert row["calls"] >= (500 if row["algo"] == "ll" else 1000), row
         assert row["mismatches"] == 0, row
 
 
@@ -144,6 +152,23 @@ def test_positive_control_detects_a_late_staging_copy(world, kernels_staging_aft
                                      "copying the staged input after the start barrier")
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_positive_control_detects_a_single_ll_generation(world, kernels_with_one_ll_generation):
+    """LL kernels that use one generation of receive slots for every call
+    (PYAR_TEST_LL_MUTATION=kLLOneGeneration): a fast rank's next call stores
+    its packets over those a slow peer has not taken yet, and the adversarial
+    load must show it, as wrong sums or as a peer waiting for packets that were
+    overwritten (a timeout) -- proof that the adversarial LL rows can see a
+    broken generation rule (the shipped kernels pass the same load)."""
+    rows = rows_of(scenario("allreduce_adversarial", world, "control-ll",
+                            kernels_with_one_ll_generation, timeout=420), "control-ll")
+    assert [r["algo"] for r in rows] == ["ll"], rows
+    for row in rows:
+        assert row["mismatches"] > 0 or row["timeouts"] > 0, (
+            f"LL with one generation gave no wrong sum and no timeout in {row['calls']} calls "
+            f"on {world} ranks: the adversarial scenario cannot see it\n{row}")
+
+
 # --- failures are reported, never hang ----------------------------------------------
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -152,13 +177,13 @@ def test_timeout_and_debug_mismatch(world):
     ranks on every rank, before any kernel runs.  Communicator(timeout=2.0):
     when the last rank skips a call, every other rank's synchronize raises
     CollectiveTimeout within timeout + 10 s naming exactly that rank, later
-    calls raise too, and every process exits cleanly (one-shot and two-shot)."""
+    calls raise too, and every process exits cleanly (one-shot, two-shot and LL)."""
     rows = scenario("allreduce_failures", world, timeout=240,
                     env={"PYAR_DEBUG": "1", "PYAR_TIMEOUT": "30"})
     mismatch = rows_of(rows, "debug-mismatch")[0]
     assert mismatch["ranks_raised"] == 2 * world, mismatch
     timeouts = rows_of(rows, "timeout")
-    assert {r["algo"] for r in timeouts} == {"oneshot", "twoshot"}
+    assert {r["algo"] for r in timeouts} == set(WITH_LL)
     for row in timeouts:
         assert row["raised"] == world - 1, row
         assert row["missing"] == [world - 1], row

@@ -10,14 +10,16 @@ from tests.gpu.scenarios import rows_of, scenario
 
 pytestmark = pytest.mark.gpu
 
-CASES = {"elements", "elements-far", "chunks", "dtype", "algorithm", "registered",
+CASES = {"elements", "elements-far", "chunks", "dtype", "algorithm", "ll-elements",
+         "ll-algorithm", "registered",
          "quantization", "split-rows", "operation"}
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_mismatched_calls_raise_on_every_rank(world):
     """The last rank passes 4097 instead of 4096 elements, 2**20 + 3, float16
-    instead of float32, one-shot instead of two-shot, a staged instead of a
+    instead of float32, one-shot instead of two-shot, LL 4097 instead of 4096
+    elements, LL instead of two-shot, a staged instead of a
     registered input, FP8 quantization in a fused call, reduce_scatter instead
     of allreduce: every rank raises MismatchError before the 5 s timeout
     naming every rank's call, every output keeps its NaN sentinel and every

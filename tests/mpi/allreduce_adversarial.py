@@ -20,7 +20,9 @@ overwrite is the hazard).
 
 Modes:
   main              one-shot and two-shot, fp32/fp16/bf16, both variants,
-                    CALLS calls each; every mismatch fails the scenario.
+                    CALLS calls each; then LL (which reads its input in place,
+                    never staged nor registered: variant "unstaged") at LL_LEVEL,
+                    LL_CALLS calls per dtype; every mismatch fails the scenario.
   control PATH      the positive control: one-shot only, on a Communicator
                     whose code object PATH was built without the exit barrier
                     (PYAR_TEST_SKIP_EXIT_BARRIER), with a 1 s timeout.  Runs
@@ -37,6 +39,13 @@ Modes:
   wrap              main's calls, fp32 only, each (algo, variant) starting with
                     the epochs WRAP_BEFORE calls before 2**32 (start_epochs_at):
                     every block crosses the 32-bit wrap under the adversarial load.
+  control-ll PATH   LL's positive control: fp32 at LL_LEVEL on a Communicator whose
+                    code object PATH was built with one LL generation for every call
+                    (PYAR_TEST_LL_MUTATION=kLLOneGeneration), so a fast rank's next
+                    call stores over packets a slow peer has not taken yet: the peer
+                    sums the next call's data or waits for packets that never come
+                    (a timeout).  Runs until it sees either, within a call and time
+                    budget; reports them, never fails for them.
   control-start PATH
                     the start barrier's positive control: staged inputs, one-shot
                     and two-shot, on a Communicator whose code object PATH was
@@ -51,7 +60,8 @@ Modes:
                     results, within a call and time budget; reports them, never
                     fails for them (the test asserts that wrong sums showed).
 
-Usage: allreduce_adversarial.py main | wrap | control PATH | control-start PATH
+Usage: allreduce_adversarial.py main | wrap | control PATH | control-start PATH |
+       control-ll PATH
 """
 import time
 import weakref
@@ -62,8 +72,8 @@ from mpi4py import MPI
 import pyar
 from pyar import _hip
 from allreduce_common import (
-    ALGOS, DTYPES, NAN_WORD, bits, describe_difference, exact_sum, rng, run, small_integers,
-    start_epochs_at,
+    ALGOS, DTYPES, LL, LL_MAX_BYTES, NAN_WORD, bits, describe_difference, exact_sum, rng, run,
+    small_integers, start_epochs_at,
 )
 from tests.gpu_kernels import GpuTestKernels
 from tests.mpi_launch import control_build
@@ -97,6 +107,9 @@ CONTROL_LEVELS = (
     Level(2 << 20, 0.5, 200, 0.5, 300, 4),
     Level(4 << 20, 0.5, 300, 0.8, 500, 16),
 )
+# LL's: MAIN_LEVEL's disturbance with the largest input LL takes (the tail included).
+LL_LEVEL = Level(LL_MAX_BYTES - 16, 0.3, 200, 0.2, 200, 1)
+LL_CALLS = 500          # per dtype in main mode (fp32 only with wrap)
 CONTROL_CALLS = 1000    # per (level, dtype, variant), ending at the first mismatch
 CONTROL_SECONDS = 150   # overall budget of the control
 CONTROL_TIMEOUT = 1.0   # seconds; legitimate waits here last well under a millisecond
@@ -227,18 +240,27 @@ def main_mode(sc, wrap=False):
             for variant in variants:
                 if wrap:
                     start_epochs_at(comm, 2**32 - WRAP_BEFORE)
-                wrong = calls = 0
-                started = time.monotonic()
-                for _ in range(CALLS // K):
-                    wrong += work.round(algo, variant)[0]
-                    calls += K
-                sc.check(wrong == 0, f"{dtype.name} {algo} {variant}: {wrong} of {calls} "
-                                     "results were wrong")
-                sc.report(test="adversarial-wrap" if wrap else "adversarial", algo=algo, dtype=dtype.name, variant=variant,
-                          calls=calls, mismatches=sc.sum(wrong),
-                          seconds=round(sc.max(time.monotonic() - started), 2),
-                          **MAIN_LEVEL.describe())
+                report_rounds(sc, work, algo, variant, wrap, CALLS)
+        ll_work = Workload(sc, comm, kernels, streams, dtype, LL_LEVEL, (d, 1), ("unstaged",))
+        if wrap:
+            start_epochs_at(comm, 2**32 - WRAP_BEFORE)
+        report_rounds(sc, ll_work, LL, "unstaged", wrap, LL_CALLS)
+        del ll_work
     comm.close()
+
+
+def report_rounds(sc, work, algo, variant, wrap, total):
+    """``total`` calls of ``algo`` in rounds of K; every wrong result fails."""
+    wrong = calls = 0
+    started = time.monotonic()
+    for _ in range(total // K):
+        wrong += work.round(algo, variant)[0]
+        calls += K
+    sc.check(wrong == 0, f"{work.dtype.name} {algo} {variant}: {wrong} of {calls} "
+                         "results were wrong")
+    sc.report(test="adversarial-wrap" if wrap else "adversarial", algo=algo,
+              dtype=work.dtype.name, variant=variant, calls=calls, mismatches=sc.sum(wrong),
+              seconds=round(sc.max(time.monotonic() - started), 2), **work.level.describe())
 
 
 def control_mode(sc, kernels_path):
@@ -331,6 +353,29 @@ def control_start_mode(sc, kernels_path):
     comm.close()
 
 
+def control_ll_mode(sc, kernels_path):
+    """LL with one generation: wrong sums or timeouts, counted apart; the
+    first of either ends it (a timed-out communicator refuses further calls)."""
+    comm, kernels, streams = setup(sc, kernels_path, timeout=CONTROL_TIMEOUT)
+    work = Workload(sc, comm, kernels, streams, DTYPES[0], LL_LEVEL, (0, 30), ("unstaged",))
+    started = time.monotonic()
+    calls = found = broken = 0
+    while calls < CONTROL_CALLS and not (found or broken):
+        wrong, timed_out = work.round(LL, "unstaged", tolerate_timeout=True)
+        calls += K
+        found += sc.sum(wrong)
+        if sc.any(timed_out):
+            broken += 1
+        if sc.max(time.monotonic() - started) > CONTROL_SECONDS:
+            break
+    sc.report(test="control-ll", algo=LL, build=control_build(kernels_path),
+              dtype=DTYPES[0].name, variant="unstaged", calls=calls, mismatches=found,
+              timeouts=broken, seconds=round(sc.max(time.monotonic() - started), 2),
+              **LL_LEVEL.describe())
+    del work
+    comm.close()
+
+
 def main(sc):
     mode = sc.argv[0] if sc.argv else "main"
     if mode in ("main", "wrap"):
@@ -339,9 +384,11 @@ def main(sc):
         control_mode(sc, sc.argv[1])
     elif mode == "control-start":
         control_start_mode(sc, sc.argv[1])
+    elif mode == "control-ll":
+        control_ll_mode(sc, sc.argv[1])
     else:
         raise SystemExit(f"unknown mode {mode!r}: main | wrap | control PATH | "
-                         "control-start PATH")
+                         "control-start PATH | control-ll PATH")
 
 
 if __name__ == "__main__":

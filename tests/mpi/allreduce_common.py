@@ -29,10 +29,14 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+from pyar.comm.algorithms import LL, LL_MAX_BYTES  # noqa: E402
 from tests.mpi_launch import report as _report  # noqa: E402
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 ALGOS = ("oneshot", "twoshot")
+# The barrier-free LL one-shot, forced only and refused above LL_MAX_BYTES (or
+# max_size when smaller): the scenarios run it too, at sizes within that limit.
+WITH_LL = ALGOS + (LL,)
 NAN_BYTE = 0xFF  # 0xff.. is a NaN in fp32, fp16 and bf16
 NAN_WORD = 0xFFFFFFFF
 SEED = 20261202 ^ int(os.environ.get("PYAR_TEST_SEED", "0"))
@@ -44,6 +48,12 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 def bits(array):
     """The raw bits of a host array (for bitwise comparisons; NaN-safe)."""
     return np.ascontiguousarray(array).view(_UNSIGNED[array.dtype.itemsize])
+
+
+def ll_largest(dtype):
+    """The largest odd element count of ``dtype`` that LL takes (within
+    LL_MAX_BYTES; every scenario's max_size is at least that)."""
+    return (LL_MAX_BYTES // dtype.itemsize - 1) | 1
 
 
 def rng(*key):

@@ -1,8 +1,9 @@
 """Deterministic probe: every rank's input is all ones, so every element of
 every call's result must equal the world size exactly.
 
-For each dtype (fp32, fp16, bf16), algorithm (one-shot, two-shot) and size
-(1, 7, 4095, 2**20 + 3 elements): CALLS calls, queued BATCH at a time on one
+For each dtype (fp32, fp16, bf16), algorithm (one-shot, two-shot, LL) and
+size (1, 7, 4095, 2**20 + 3 elements; for LL, whose limit is LL_MAX_BYTES,
+the largest odd count within it instead of 2**20 + 3): CALLS calls, queued BATCH at a time on one
 stream into distinct outputs that were overwritten with NaN just before the
 call (so a call that wrote nothing, or only part, cannot pass on a previous
 call's result).  The input must be unchanged afterwards.
@@ -17,7 +18,7 @@ from mpi4py import MPI
 
 import pyar
 from allreduce_common import (
-    ALGOS, DTYPES, bits, describe_difference, poison, run, start_epochs_at,
+    DTYPES, LL, WITH_LL, bits, describe_difference, ll_largest, poison, run, start_epochs_at,
 )
 
 SIZES = (1, 7, 4095, (1 << 20) + 3)
@@ -25,14 +26,18 @@ CALLS = 50
 BATCH = 10
 
 
+def sizes(dtype, algo):
+    return SIZES[:-1] + (ll_largest(dtype),) if algo == LL else SIZES
+
+
 def main(sc):
     wrap = sc.argv == ["wrap"]
     with pyar.Communicator(MPI.COMM_WORLD, timeout=60.0) as comm:
         stream = pyar.Stream()
         for dtype in DTYPES:
-            for algo in ALGOS:
+            for algo in WITH_LL:
                 calls = mismatches = 0
-                for n in SIZES:
+                for n in sizes(dtype, algo):
                     ones = np.ones(n, dtype)
                     x = pyar.asarray(ones, stream=stream)
                     outs = [pyar.empty((n,), dtype, stream=stream) for _ in range(BATCH)]
@@ -56,7 +61,8 @@ def main(sc):
                              f"probe {dtype.name} {algo} n={n}: the input changed")
                 total = sc.sum(mismatches)
                 sc.report(test="probe-wrap" if wrap else "probe", algo=algo,
-                          dtype=dtype.name, calls=calls, mismatches=total, sizes=list(SIZES))
+                          dtype=dtype.name, calls=calls, mismatches=total,
+                          sizes=list(sizes(dtype, algo)))
 
 
 if __name__ == "__main__":

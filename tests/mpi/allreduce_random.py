@@ -5,7 +5,8 @@ can check its result against a float64 reference of the whole sum.
 Per dtype and size, every input is all-reduced in four ways -- staged out of
 place, staged in place (out=x), registered (comm.register) out of place,
 registered in place (two-shot and auto only: one-shot refuses it) -- by
-one-shot, two-shot and auto.  Required:
+one-shot, two-shot, auto and LL (where LL takes the size: up to LL_MAX_BYTES,
+or max_size when smaller).  Required:
 - each result is within the dtype's tolerance of the float64 reference:
   |y - ref| <= (W * eps_fp32 + eps_dtype) * sum_r |x_r| (+ the smallest
   subnormal), from fp32 accumulation over W addends and one final rounding;
@@ -16,10 +17,10 @@ one-shot, two-shot and auto.  Required:
 Also counted (reported, not required): results that differ from a host
 emulation of that order (fp32 adds in rank order, one rounding to the dtype).
 
-Sizes: 1, 7, 4095 and 2**20 + 3 elements on a communicator with the default
-scratch buffer, then on one with max_size = 1 MiB: one element under the
-scratch size, exactly the scratch size, one over (two chunks) and 3 scratch
-sizes + 5 (four chunks, the last of 5 elements).
+Sizes: 1, 7, 4095, the largest odd count LL takes and 2**20 + 3 elements on
+a communicator with the default scratch buffer, then on one with max_size =
+1 MiB: one element under the scratch size, exactly the scratch size, one over
+(two chunks) and 3 scratch sizes + 5 (four chunks, the last of 5 elements).
 
 Usage: allreduce_random.py
 """
@@ -30,17 +31,19 @@ import numpy as np
 from mpi4py import MPI
 
 import pyar
-from allreduce_common import DTYPES, bits, describe_difference, normal, run
+from allreduce_common import (
+    DTYPES, LL, LL_MAX_BYTES, bits, describe_difference, ll_largest, normal, run,
+)
 
 ITERATIONS = 2
 SMALL_SCRATCH = 1 << 20
 VARIANTS = ("staged", "staged-inplace", "registered", "registered-inplace")
-ALGOS = ("oneshot", "twoshot", "auto")
+ALGOS = ("oneshot", "twoshot", "auto", LL)
 EPS32 = float(np.finfo(np.float32).eps)
 
 
 def default_sizes(dtype):
-    return (1, 7, 4095, (1 << 20) + 3)
+    return (1, 7, 4095, ll_largest(dtype), (1 << 20) + 3)
 
 
 def scratch_sizes(dtype):
@@ -94,6 +97,7 @@ def reduce_with(sc, comm, stream, variant, algo, mine, registered):
 def run_size(sc, comm, stream, dtype, n, config, stats, registered):
     world = sc.world
     scale, floor = tolerance_scale(dtype, world)
+    ll_takes = n * dtype.itemsize <= min(LL_MAX_BYTES, comm.max_size)
     for it in range(ITERATIONS):
         inputs = [normal(dtype, n, config, it, r) for r in range(world)]
         mine = inputs[sc.rank]
@@ -115,6 +119,8 @@ def run_size(sc, comm, stream, dtype, n, config, stats, registered):
         for variant in VARIANTS:
             for algo in ALGOS:
                 if variant == "registered-inplace" and algo == "oneshot":
+                    continue
+                if algo == LL and not ll_takes:
                     continue
                 what = f"random {dtype.name} n={n} it={it} {variant} {algo}"
                 row = stats.row(dtype, algo)

@@ -11,6 +11,8 @@ main  For each case, on a fresh Communicator(timeout=TIMEOUT, debug=False),
                        and only "more chunks follow" tells them apart
         dtype          float32 against float16
         algorithm      two-shot against one-shot
+        ll-elements    LL 4096 against 4097 elements
+        ll-algorithm   two-shot against LL
         registered     a registered input against a staged one
         quantization   allreduce_rmsnorm one-stage without and with FP8
         split-rows     allreduce_rmsnorm split, 4 rows against 5: kernel A records
@@ -63,15 +65,16 @@ def filled(values, stream, ipc=False):
     return a
 
 
-def allreduce_case(n_last=N, dtype_last=np.float32, algo_last="twoshot", n=N):
-    """An all-reduce case: the last rank's count, dtype or algorithm differs."""
+def allreduce_case(n_last=N, dtype_last=np.float32, algo_last="twoshot", n=N, algo="twoshot"):
+    """An all-reduce case: the last rank's count, dtype or algorithm differs
+    from the others' (``n`` float32 elements by ``algo``)."""
     def prepare(sc, comm, stream):
         last = sc.rank == sc.world - 1
         count, dtype = (n_last, dtype_last) if last else (n, np.float32)
         x = filled(np.ones(count, dtype), stream)
         y = sentinel((count,), dtype, stream)
-        algo = algo_last if last else "twoshot"
-        return lambda: comm.allreduce(x, out=y, algo=algo, stream=stream), [x], [y]
+        how = algo_last if last else algo
+        return lambda: comm.allreduce(x, out=y, algo=how, stream=stream), [x], [y]
     return prepare
 
 
@@ -139,6 +142,11 @@ CASES = {
               "allreduce twoshot 4096 x float16 staged"),
     "algorithm": (allreduce_case(algo_last="oneshot"), STAGED_4096,
                   "allreduce oneshot 4096 x float32 staged"),
+    "ll-elements": (allreduce_case(n_last=N + 1, algo="ll", algo_last="ll"),
+                    "allreduce ll 4096 x float32 unstaged",
+                    "allreduce ll 4097 x float32 unstaged"),
+    "ll-algorithm": (allreduce_case(algo_last="ll"), STAGED_4096,
+                     "allreduce ll 4096 x float32 unstaged"),
     "registered": (registered, "allreduce twoshot 4096 x float32 registered",
                    STAGED_4096),
     "quantization": (quantization,

@@ -1,0 +1,138 @@
+"""``--latency``: the forced algorithms side by side per size, against the
+floor of an empty kernel (issue 42's LL target).
+
+Per size and mode (eager, graph) one row: one-shot, two-shot and LL
+(``algo="ll"``, blank above the largest input it takes) forced through the
+planner, and ``floor_us``, an empty kernel (``pyar_test_empty``) launched on
+the same stream: a plain launch in eager rows, replayed from a graph of as
+many launches as the all-reduce graphs hold in graph rows.  The target: LL
+within 0.6x the barrier one-shot, or within 1.2x the floor, whichever is
+larger."""
+import numpy as np
+
+import pyar
+from pyar import _hip, _kernels
+from pyar.bench import exact, measure
+from pyar.bench.points import points
+from pyar.bench.sizes import human_bytes
+from pyar.bench.table import Table
+from pyar.comm import plan
+
+ALGOS = ("oneshot", "twoshot", "ll")
+MODES = ("eager", "graph")
+ONESHOT_FACTOR = 0.6  # LL at most this times the barrier one-shot ...
+FLOOR_FACTOR = 1.2    # ... or this times the empty kernel, whichever is larger
+COLUMNS = [("size", 10), ("count", 11), ("type", 9), ("mode", 6), ("oneshot_us", 10),
+           ("twoshot_us", 10), ("ll_us", 8), ("floor_us", 8), ("ll_vs_oneshot", 13),
+           ("ll_vs_floor", 11), ("target", 6), ("wrong", 5)]
+LEGEND = ("oneshot/twoshot/ll: forced algorithms (ll blank above its limit); floor_us: an "
+          "empty kernel on the same stream (graph rows: replayed from a graph); target: "
+          f"ll_us <= max({ONESHOT_FACTOR} x oneshot_us, {FLOOR_FACTOR} x floor_us); wrong: "
+          "elements that differ from the exact sum, all ranks and algorithms (- unchecked)")
+
+
+def _ratio(top, bottom):
+    return None if top is None or not bottom else top / bottom
+
+
+def row(nbytes, count, dtype, mode, times_us, floor_us, wrong=None):
+    """A row from the forced algorithms' microseconds (``times_us``: {algo:
+    us, None where the algorithm does not take the size}) and the floor's."""
+    times = {algo: times_us.get(algo) for algo in ALGOS}
+    ll, oneshot = times["ll"], times["oneshot"]
+    target = None
+    if ll is not None and oneshot is not None and floor_us is not None:
+        target = ll <= max(ONESHOT_FACTOR * oneshot, FLOOR_FACTOR * floor_us)
+    return {"bytes": nbytes, "count": count, "dtype": dtype, "mode": mode,
+            **{f"{algo}_us": us for algo, us in times.items()}, "floor_us": floor_us,
+            "ll_vs_oneshot": _ratio(ll, oneshot), "ll_vs_floor": _ratio(ll, floor_us),
+            "target": target, "wrong": wrong}
+
+
+def table():
+    return Table([name for name, _ in COLUMNS], [width for _, width in COLUMNS])
+
+
+def _us(value):
+    return None if value is None else f"{value:.2f}"
+
+
+def _times(value):
+    return None if value is None else f"{value:.2f}x"
+
+
+def cells(row):
+    target = None if row["target"] is None else ("yes" if row["target"] else "no")
+    return [human_bytes(row["bytes"]), row["count"], row["dtype"], row["mode"],
+            *(_us(row[f"{algo}_us"]) for algo in ALGOS), _us(row["floor_us"]),
+            _times(row["ll_vs_oneshot"]), _times(row["ll_vs_floor"]), target, row.get("wrong")]
+
+
+def takes(algo, nbytes, max_size):
+    """Whether forced ``algo`` takes an input of ``nbytes``."""
+    return algo != "ll" or nbytes <= plan.ll_segment(max_size)
+
+
+def point_count(sizes):
+    return len(MODES) * sizes
+
+
+class Floor:
+    """The empty kernel's time per launch on ``stream``, eager or replayed
+    from a graph of ``graph_calls`` launches (slowest rank)."""
+
+    def __init__(self, mpi, stream, graph_calls):
+        self.mpi, self.stream, self.graph_calls = mpi, stream, graph_calls
+        self.empty = _kernels.load("test_kernels").get_function("pyar_test_empty")
+
+    def _launch(self):
+        self.empty.launch(1, 1, (), 0, self.stream)
+
+    def seconds(self, mode, iterations, warmup):
+        if mode == "eager":
+            return measure.time_per_call(self.mpi, self._launch, iterations, warmup,
+                                         self.stream)
+        self.stream.begin_capture()
+        for _ in range(self.graph_calls):
+            self._launch()
+        graph = self.stream.end_capture()
+        executable = graph.instantiate()
+        try:
+            return measure.time_per_call(
+                self.mpi, lambda: executable.launch(self.stream),
+                max(1, iterations // self.graph_calls), 1, self.stream) / self.graph_calls
+        finally:
+            self.stream.synchronize()
+            executable.close()
+            graph.close()
+
+
+def sweep(args, comm, mpi, largest, show, graph_calls, time_point):
+    """Every size's eager and graph rows; ``time_point(src, dst, algo, mode,
+    iterations, stream)`` times one forced all-reduce as the main sweep does."""
+    dtype = np.dtype(args.dtype_value)
+    world = comm.world
+    stream = _hip.Stream()
+    x = pyar.empty((largest // dtype.itemsize,), dtype, stream=stream, ipc=True)
+    y = pyar.empty_like(x)
+    x.set(exact.exact_inputs(x.size, mpi.Get_rank()).astype(dtype), stream=stream)
+    comm.register(x)
+    floor = Floor(mpi, stream, graph_calls)
+    rows = []
+    for count, moved, iterations, src, dst, expected in points(args, x, y, largest, world):
+        if count != x.size:
+            comm.register(src)
+        for mode in MODES:
+            times, wrong = {}, 0 if args.check else None
+            for algo in ALGOS:
+                if not takes(algo, moved, comm.max_size):
+                    continue
+                _hip.memset(dst.ptr, 0, dst.nbytes, stream)  # a stale right answer cannot pass
+                times[algo] = time_point(src, dst, algo, mode, iterations, stream) * 1e6
+                if args.check:
+                    wrong += exact.wrong_on_all_ranks(mpi, dst, expected, stream)
+            floor_us = floor.seconds(mode, iterations, args.warmup) * 1e6
+            rows.append(row(moved, count, args.dtype, mode, times, floor_us, wrong))
+            show(rows[-1])
+    stream.close()
+    return rows
