@@ -1,8 +1,9 @@
 """The LL all-reduce's host side without a GPU (tier a): its entry points and
 argument types against allreduce.cu, its receive region against pyar_ll.h,
 the planner's one launch (by parameter name, never staged nor registered),
-its refusals, "auto" never choosing it, and a whole forced call through a
-NodeCommunicator assembled over the stand-ins of tests/comm_stand_ins.py.
+its refusals, "auto" choosing it only up to the node's auto_ll_bytes
+(PYAR_AUTO_LL), and whole calls through a NodeCommunicator assembled over
+the stand-ins of tests/comm_stand_ins.py.
 """
 import os
 import re
@@ -82,12 +83,59 @@ def test_region_layout_matches_the_kernel():
     assert layout.ll_region_bytes(8, 256 << 10, 256) == 1024 + 2 * 8 * 2 * (256 << 10)
 
 
-def test_auto_never_picks_ll_but_it_may_be_forced():
+def test_the_size_table_never_picks_ll_but_it_may_be_forced():
     for world in range(2, 9):
         for nbytes in (0, 16, 4096, 64 << 10, 1 << 20):
             assert algorithms.choose(nbytes, world) in algorithms.ALGORITHMS
     assert algorithms.validate("ll") == "ll"
     assert plan.ll_segment(1 << 30) == algorithms.LL_MAX_BYTES and plan.ll_segment(4096) == 4096
+
+
+def test_auto_ll_bound_is_the_table_within_the_segment_and_only_where_enabled():
+    for world in range(2, 9):
+        bound = algorithms.LL_AUTO_MAX_BYTES[world]
+        assert 0 < bound <= algorithms.LL_MAX_BYTES
+        assert plan.auto_ll_bytes(world, algorithms.LL_MAX_BYTES, False) == 0
+        assert plan.auto_ll_bytes(world, algorithms.LL_MAX_BYTES, True) == bound
+        assert plan.auto_ll_bytes(world, 4096, True) == min(bound, 4096)
+    assert plan.auto_ll_bytes(1, algorithms.LL_MAX_BYTES, True) == 0
+    assert set(algorithms.LL_AUTO_MAX_BYTES) == set(range(2, 9))
+    assert "LL_AUTO_MAX_BYTES" in algorithms.PROVENANCE
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_auto_runs_ll_up_to_its_bound(world):
+    """Up to auto_ll_bytes "auto" runs LL, in place over a registered input too (LL
+    reads it in place; the barrier one-shot may not); one element past it, or with
+    the bound 0 (PYAR_AUTO_LL off), the size table's choice; never an input LL
+    refuses (misaligned)."""
+    bound = plan.auto_ll_bytes(world, algorithms.LL_MAX_BYTES, True)
+    node = geometry(world=world, max_size=1 << 20, auto_ll_bytes=bound)
+    off = geometry(world=world, max_size=1 << 20)
+    at, past = array(X, bound // 2, BF16), array(X, bound // 2 + 1, BF16)
+    out = array(OUT, bound // 2, BF16)
+    assert plan.allreduce_algorithm(node, at, out, "auto", None) == "ll"
+    assert plan.allreduce_algorithm(node, at, at, "auto", 0x5300_0000_0000) == "ll"
+    assert plan.allreduce_algorithm(node, past, past, "auto", None) == \
+        algorithms.choose(past.nbytes, world)
+    assert plan.allreduce_algorithm(off, at, out, "auto", None) == \
+        algorithms.choose(at.nbytes, world)
+    assert plan.allreduce_algorithm(off, at, at, "auto", 0x5300_0000_0000) == "twoshot"
+    odd = array(X + 2, 16, F32)
+    assert plan.allreduce_algorithm(node, odd, odd, "auto", None) != "ll"
+
+
+def test_an_auto_call_under_the_bound_is_one_ll_launch(copies, sequences):
+    """comm.allreduce(x) on a node whose auto_ll_bytes covers x: the LL kernel, no
+    staging copy; a larger call the barrier one-shot with its staging."""
+    comm = assemble(4, max_size=1 << 20, auto_ll_bytes=8192)
+    small, large = array(X, 4096, BF16), array(X, 4097, BF16)
+    comm.allreduce(small, array(OUT, 4096, BF16))
+    comm.allreduce(large, array(OUT, 4097, BF16))
+    names = [f.name for f in comm.kernels.functions.values() if f.launches]
+    assert names == [kernels.allreduce_name("ll", BF16, 4),
+                     kernels.allreduce_name("oneshot", BF16, 4)]
+    assert copies == []
 
 
 @pytest.mark.parametrize("dtype, count", [(F32, 1000), (F16, 1001), (BF16, 7)])
@@ -161,3 +209,21 @@ def test_a_captured_call_defers_no_registration(sequences, capturing):
     assert registry.deferred == []
     comm.allreduce(x, out, algo="oneshot", stream=0x1234)
     assert registry.deferred == [x]
+
+
+def test_ranks_that_disagree_on_auto_ll_refuse_to_connect(monkeypatch):
+    """PYAR_AUTO_LL on some ranks only would give one "auto" call LL on some ranks and
+    a barrier kernel on others: construction raises MismatchError, before any GPU step."""
+    from pyar.comm.communicator import NodeCommunicator
+    from pyar.comm.errors import MismatchError
+    from tests.comm_stand_ins import NodeStandIn
+
+    class Peers(NodeStandIn):
+        def allgather(self, value):  # rank 1 runs without PYAR_AUTO_LL
+            return [value, (*value[:-1], not value[-1]), value, value]
+
+    monkeypatch.setenv("PYAR_AUTO_LL", "1")
+    node = Peers(4, 0)
+    with pytest.raises(MismatchError, match=r"max_size, timeout and PYAR_AUTO_LL"):
+        NodeCommunicator(node)
+    assert node.freed

@@ -23,14 +23,22 @@ UNFUSED = "unfused"  # allreduce_rmsnorm's steps as separate kernels
 LAMPORT = "lamport"
 # the barrier-free LL push one-shot all-reduce (src/kernels/pyar_ll.h): every
 # rank stores its input in 8-byte packets (4 bytes of data, a 4-byte flag)
-# into every rank's receive slot; for inputs up to LL_MAX_BYTES.  Forced only
-# (``algo="ll"``): ``choose`` never returns it until the GPU runs have
-# measured it.
+# into every rank's receive slot; for inputs up to LL_MAX_BYTES.  Forced by
+# ``algo="ll"``; ``"auto"`` runs it up to LL_AUTO_MAX_BYTES where the
+# communicator was made with PYAR_AUTO_LL=1 (pyar.comm.plan.auto_ll_bytes).
 LL = "ll"
 # The largest input ``algo="ll"`` takes (the communicator's max_size when
 # that is smaller): a rank's receive region holds 2 generations x world
 # segments of twice this (a packet carries 4 bytes of data in 8).
 LL_MAX_BYTES = 256 << 10
+
+# world size -> largest input that ``"auto"`` runs as LL (with PYAR_AUTO_LL=1).
+# LL saves the barrier one-shot's two flag round trips but moves twice the
+# bytes (a packet carries 4 bytes of data in 8) from every rank to every
+# rank, so past these sizes the one-shot, which reads each peer's input once,
+# is faster again; the more ranks, the sooner.
+LL_AUTO_MAX_BYTES = {2: 256 << 10, 3: 128 << 10, 4: 128 << 10,
+                     **{world: 32 << 10 for world in range(5, 9)}}
 
 # world size -> largest message in bytes that still goes one-shot.  One-shot
 # reads W-1 whole peer inputs, so the more ranks, the sooner two-shot's
@@ -132,6 +140,8 @@ PROVENANCE = {
                                     "benchmarks/results/h100_fused_wide*_w*.json",
     "LAMPORT_MAX_BYTES": "one H100 shared by the ranks, 2026-12-06, "
                          "benchmarks/results/h100_fused_lamport_w*.json",
+    "LL_AUTO_MAX_BYTES": "one H100 shared by the ranks, 2026-12-07, "
+                         "benchmarks/results/h100_latency_w*.json",
 }
 
 

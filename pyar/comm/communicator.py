@@ -83,13 +83,16 @@ class NodeCommunicator(_eager.PlanCache):
             if world > MAX_WORLD:
                 raise ValueError(f"pyar all-reduces among at most {MAX_WORLD} ranks of one "
                                  f"node, this communicator has {world}")
-            # Different sizes or timeouts would give ranks different chunkings.
-            exchange.check_agreement(node, "max_size and timeout", (max_size, timeout))
+            # Different sizes or timeouts would give ranks different chunkings,
+            # and PYAR_AUTO_LL different algorithms for one "auto" call.
+            auto_ll = env_flag("PYAR_AUTO_LL")
+            exchange.check_agreement(node, "max_size, timeout and PYAR_AUTO_LL",
+                                     (max_size, timeout, auto_ll))
             device = exchange.run_everywhere(node, select_device, node.Get_rank(), device)
             resources = Resources(device)
             if world > 1:
                 connection = Connection(node, resources, device, max_size, int(timeout * 1e9),
-                                        kernels, gpu_sharers)
+                                        kernels, gpu_sharers, auto_ll)
         except BaseException:
             if resources is not None:
                 resources.release()

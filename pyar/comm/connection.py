@@ -43,7 +43,7 @@ class Connection:
     view, and its address ``error_ptr``)."""
 
     def __init__(self, node, resources, device, max_size, timeout_ns, kernel_dir=None,
-                 gpu_sharers=None):
+                 gpu_sharers=None, auto_ll=False):
         self._node = node
         self._resources = resources
         self._device = device
@@ -89,7 +89,8 @@ class Connection:
             scratch=buffer + lay.signal_bytes, partial=buffer + partial,
             failed_word=buffer + lay.failed_offset, lamport_region=buffer + lamport,
             lamport_bytes=lamport_bytes, ll_region=buffer + self._ll_offset, ll_bytes=ll_bytes,
-            timeout_ns=timeout_ns)
+            timeout_ns=timeout_ns,
+            auto_ll_bytes=plan.auto_ll_bytes(self._world, ll_bytes, auto_ll))
         node.Barrier()  # every rank's signals are zeroed before anyone's first call
 
     def _load_kernels(self):

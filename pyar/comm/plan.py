@@ -30,7 +30,8 @@ class NodeGeometry:
     Signal word split's second kernel reads), ``lamport_region`` (the
     lamport kernels' receive region) and ``lamport_bytes`` (one receive
     segment), ``ll_region`` (the LL all-reduce's receive region) and
-    ``ll_bytes`` (the data one of its segments holds: the largest LL call).
+    ``ll_bytes`` (the data one of its segments holds: the largest LL call);
+    ``auto_ll_bytes``, the largest input ``"auto"`` runs as LL (0: none).
     ``timeout_ns`` bounds every wait of the kernels."""
     world: int
     rank: int
@@ -52,6 +53,7 @@ class NodeGeometry:
     ll_region: int
     ll_bytes: int
     timeout_ns: int
+    auto_ll_bytes: int = 0
 
 
 class Copy(NamedTuple):
@@ -80,6 +82,15 @@ def ll_segment(max_size):
     return min(algorithms.LL_MAX_BYTES, max_size)
 
 
+def auto_ll_bytes(world, ll_bytes, enabled):
+    """The largest input ``"auto"`` runs as LL on ``world`` ranks whose LL
+    segments hold ``ll_bytes``: LL_AUTO_MAX_BYTES's bound where ``enabled``
+    (PYAR_AUTO_LL on every rank), else 0."""
+    if not enabled or world < 2:
+        return 0
+    return min(algorithms.LL_AUTO_MAX_BYTES[world], ll_bytes)
+
+
 def ll_refusal(ll_bytes, x, out):
     """Why the LL kernels, whose segments hold ``ll_bytes``, cannot take
     this call, or None."""
@@ -94,8 +105,9 @@ def ll_refusal(ll_bytes, x, out):
 
 
 def allreduce_algorithm(geometry, x, out, algo, registered):
-    """The all-reduce algorithm a call runs: ``algo``, or the table's choice
-    for "auto" (never LL: it is forced only)."""
+    """The all-reduce algorithm a call runs: ``algo``, or for "auto" LL up to
+    ``geometry.auto_ll_bytes`` (it reads its input in place, so an in-place
+    call over a registered input takes it too), else the table's choice."""
     if algo == algorithms.LL:
         refusal = ll_refusal(geometry.ll_bytes, x, out)
         if refusal:
@@ -103,6 +115,9 @@ def allreduce_algorithm(geometry, x, out, algo, registered):
         return algo
     in_place_registered = registered and out.ptr == x.ptr
     if algo == "auto":
+        if (x.nbytes <= geometry.auto_ll_bytes
+                and ll_refusal(geometry.ll_bytes, x, out) is None):
+            return algorithms.LL
         algo = algorithms.choose(x.nbytes, geometry.world)
         # One-shot writes its output while peers still read its input.
         return "twoshot" if in_place_registered else algo
