@@ -70,8 +70,9 @@ CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
             "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature",
             "-DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill",
             "-DPYAR_TEST_STAGE_MUTATION=host::stage_mutation",
-            "-DPYAR_TEST_LL_MUTATION=host::ll_mutation",
-            "-DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits", "-Wall", "-Wno-unknown-pragmas"]
+            "-DPYAR_TEST_LL_MUTATION=host::ll_mutation", "-Wall", "-Wno-unknown-pragmas",
+            "-DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits",
+            "-DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns"]
 # halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
 # report from a wrong sum (1) or bad usage (2).
 TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
@@ -559,6 +560,14 @@ def test_ll_mutation_is_caught(driver, mutation):
                   "--timeout-ms", 2000, *DELAYS)
     print(f"\nll {mutation}: {_detection(outcome)}")
     assert outcome.caught, f"ll {mutation}: {LL_MUTATIONS[mutation]}; went unseen: {outcome.row}"
+
+
+def test_a_lagging_reader_shows_a_single_generation(driver):
+    """The GPU control's load: rank 3 takes its packets 300 us after its pushes in every
+    call. Two generations stay exact; with one its peers' next call overwrites them."""
+    lag = ("--ll-reader-delay-us", 300, "--calls", 10, "--timeout-ms", 2000)
+    assert_clean(run(driver, "ll", 4, *lag), "ll with a lagging reader")
+    assert run(driver, "ll", 4, *lag, "--ll-mutation", "one-generation").caught
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -62,7 +62,11 @@ CONTROL_BUILDS = {
     "lamport_control_kernels": ("PYAR_TEST_LAMPORT_KEEP_DATA=1",),
     # pyar_ll.h's mutation, which the host build sets from a variable, is a
     # constant here; the enumerator resolves inside namespace pyar.
-    "ll_control_kernels": ("PYAR_TEST_LL_MUTATION=kLLOneGeneration",),
+    # The last rank lags 50 us between its pushes and its takes in every call
+    # (PYAR_TEST_LL_READER_DELAY_NS): its peers start their next call meanwhile.
+    "ll_control_kernels": ("PYAR_TEST_LL_MUTATION=kLLOneGeneration",
+                           "PYAR_TEST_LL_READER_DELAY_NS=50000"),
+    "ll_lagging_kernels": ("PYAR_TEST_LL_READER_DELAY_NS=50000",),
 }
 # The code objects a Communicator loads (by these names, from kernels=DIR).
 CONTROL_SOURCES = ("allreduce", "allreduce_rmsnorm", "shards")
@@ -162,10 +166,19 @@ def kernels_keeping_lamport_data(tmp_path_factory):
 @pytest.fixture(scope="session")
 def kernels_with_one_ll_generation(tmp_path_factory):
     """The kernels whose LL all-reduce uses one generation of receive slots for
-    every call (PYAR_TEST_LL_MUTATION=kLLOneGeneration): LL's positive control,
-    once per test session."""
+    every call (PYAR_TEST_LL_MUTATION=kLLOneGeneration), with the last rank a
+    lagging reader: LL's positive control, once per test session."""
     return _build_control_kernels(tmp_path_factory, "ll_control_kernels",
                                   CONTROL_BUILDS["ll_control_kernels"])
+
+
+@pytest.fixture(scope="session")
+def ll_kernels_with_a_lagging_reader(tmp_path_factory):
+    """The shipped LL all-reduce (two generations) with the last rank a lagging
+    reader (PYAR_TEST_LL_READER_DELAY_NS): the load of LL's positive control,
+    which these kernels must pass, once per test session."""
+    return _build_control_kernels(tmp_path_factory, "ll_lagging_kernels",
+                                  CONTROL_BUILDS["ll_lagging_kernels"])
 
 
 @pytest.fixture(scope="session")

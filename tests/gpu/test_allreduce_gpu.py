@@ -153,13 +153,20 @@ def test_positive_control_detects_a_late_staging_copy(world, kernels_staging_aft
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_positive_control_detects_a_single_ll_generation(world, kernels_with_one_ll_generation):
+def test_positive_control_detects_a_single_ll_generation(world, kernels_with_one_ll_generation,
+                                                        ll_kernels_with_a_lagging_reader):
     """LL kernels that use one generation of receive slots for every call
-    (PYAR_TEST_LL_MUTATION=kLLOneGeneration): a fast rank's next call stores
-    its packets over those a slow peer has not taken yet, and the adversarial
-    load must show it, as wrong sums or as a peer waiting for packets that were
-    overwritten (a timeout) -- proof that the adversarial LL rows can see a
-    broken generation rule (the shipped kernels pass the same load)."""
+    (PYAR_TEST_LL_MUTATION=kLLOneGeneration), the last rank lagging 50 us
+    between its pushes and its takes (PYAR_TEST_LL_READER_DELAY_NS): its peers'
+    next call stores over packets it has not taken, which the adversarial load
+    must show as wrong sums or as its wait for them timing out.  The shipped
+    two generations under the same lag pass every call.  Without the lag a
+    reader takes its packets right after its pushes: a window too short for a
+    peer's next call to land in."""
+    lagging = rows_of(scenario("allreduce_adversarial", world, "control-ll",
+                               ll_kernels_with_a_lagging_reader, timeout=420), "control-ll")
+    assert [(r["mismatches"], r["timeouts"]) for r in lagging] == [(0, 0)], lagging
+    assert lagging[0]["calls"] >= 1000, lagging
     rows = rows_of(scenario("allreduce_adversarial", world, "control-ll",
                             kernels_with_one_ll_generation, timeout=420), "control-ll")
     assert [r["algo"] for r in rows] == ["ll"], rows

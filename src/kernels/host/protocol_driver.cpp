@@ -57,6 +57,8 @@
 //   --ll-mutation one-generation | no-count | split-store | no-refresh
 //                      the LL kernel's positive controls (pyar_ll.h, LLMutation)
 //   --ll-count-bits N  the LL flags' count bits (default: the kernel's)
+//   --ll-reader-delay-us US   the last rank's LL blocks wait US between their
+//                      pushes and their takes (the GPU control's lagging reader)
 //   --large-every P    call c takes --elements elements when c % P == 0, an
 //                      eighth of them otherwise (the LL refresh's tests)   (1)
 //   --late R.US        rank R starts every call US microseconds late
@@ -91,6 +93,10 @@ inline int stage_mutation = 0;
 // -DPYAR_TEST_LL_MUTATION=host::ll_mutation -DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits.
 inline int ll_mutation = 0;
 inline uint32_t ll_count_bits = 0;
+// How long the last rank's LL blocks wait between their pushes and their
+// takes (--ll-reader-delay-us), with
+// -DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns.
+inline uint64_t ll_reader_delay_ns = 0;
 }  // namespace host
 }  // namespace pyar
 
@@ -231,6 +237,7 @@ struct Options {
   int stage_mutation = 0;
   int ll_mutation = 0;
   uint32_t ll_count_bits = 0;
+  uint64_t ll_reader_delay_us = 0;
   uint64_t large_every = 1;
   uint32_t late_rank = ~0u, late_us = 0;
 
@@ -317,6 +324,7 @@ Options parse(int argc, char **argv) {
     else if (key == "--stage") o.stage_mutation = stage_mutation(value);
     else if (key == "--ll-mutation") o.ll_mutation = ll_mutation(value);
     else if (key == "--ll-count-bits") o.ll_count_bits = uint32_t(std::stoul(value));
+    else if (key == "--ll-reader-delay-us") o.ll_reader_delay_us = std::stoull(value);
     else if (key == "--large-every") o.large_every = std::stoull(value);
     else if (key == "--late") {
       const auto [rank, us] = rank_and_call(key, value);
@@ -921,6 +929,12 @@ int main(int argc, char **argv) {
   if (o.ll_mutation || o.ll_count_bits)
     usage("--ll-mutation and --ll-count-bits need -DPYAR_TEST_LL_MUTATION=host::ll_mutation "
           "-DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits");
+#endif
+#if defined(PYAR_TEST_LL_READER_DELAY_NS)
+  host::ll_reader_delay_ns = o.ll_reader_delay_us * 1000;
+#else
+  if (o.ll_reader_delay_us)
+    usage("--ll-reader-delay-us needs -DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns");
 #endif
 #if defined(PYAR_TEST_STAGE_MUTATION)
   host::stage_mutation = o.stage_mutation;
