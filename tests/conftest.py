@@ -41,3 +41,11 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"PYAR_REQUIRE_GPU=1 but {reason}")
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory):
+    """The kernels' host build under ThreadSanitizer (tests/protocol_host.py), built once
+    for the host-build test modules."""
+    from tests.protocol_host import build_driver
+    return build_driver(tmp_path_factory.mktemp("protocol_host"))

@@ -41,108 +41,17 @@ when the timing goes wrong as on the GPU. Hence:
   - the staging copy's controls (PYAR_TEST_STAGE_MUTATION): every staging kernel copying its
     input after its start barrier, or copying the packs of the next block instead of its own,
     must be caught;
-  - the barrier-free LL all-reduce (src/kernels/pyar_ll.h) is clean and exact at every world
-    and dtype, in place too, across the 32-bit epoch wrap, and with few count bits across its
-    refresh calls; it records disagreements and absent ranks like the barrier kernels; and
-    each of its rules' controls (PYAR_TEST_LL_MUTATION: one generation, flags without the
-    count, a packet stored as two 32-bit stores, no refresh) must be caught.
-"""
-import json
-import os
-import re
-import shutil
-import subprocess
-import time
+  - the barrier-free LL all-reduce: tests/test_ll_host.py.
 
+The build and its runs: tests/protocol_host.py.
+"""
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNELS = os.path.join(ROOT, "src", "kernels")
-DRIVER = os.path.join(KERNELS, "host", "protocol_driver.cpp")
-CXX = shutil.which("g++")
+from tests.protocol_host import (
+    DELAYS, NEEDS_CXX, WORLDS, WRAP_START, assert_clean, detection, run,
+)
 
-pytestmark = pytest.mark.skipif(
-    CXX is None, reason="no g++ on PATH: the host build of the kernels cannot be compiled")
-
-CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
-            "-DPYAR_TEST_SKIP_PHASE=host::skipped_phase",
-            "-DPYAR_TEST_REACHED_UNSIGNED=host::unsigned_reached",
-            "-DPYAR_TEST_IGNORE_SIGNATURE=host::ignore_signature",
-            "-DPYAR_TEST_NO_IDLE_FILL=host::no_idle_fill",
-            "-DPYAR_TEST_STAGE_MUTATION=host::stage_mutation",
-            "-DPYAR_TEST_LL_MUTATION=host::ll_mutation", "-Wall", "-Wno-unknown-pragmas",
-            "-DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits",
-            "-DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns"]
-# halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a
-# report from a wrong sum (1) or bad usage (2).
-TSAN_OPTIONS = "halt_on_error=1 exitcode=66"
-TSAN_EXIT = 66
-WORLDS = [2, 3, 4, 8]
-# Random delays: one delay point (a peer load or a flag store) in 400 sleeps up to 200 us,
-# and a third of the calls start up to 300 us late on each rank.
-DELAYS = ("--jitter", "400", "--sleep-us", "200", "--delay-us", "300")
-WRAP_START = str(2**32 - 4)  # epochs 2**32 - 3 .. 2**32 - 1, 0, 1, ... in the first calls
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("protocol_host") / "protocol_driver"
-    cmd = [CXX, *CXXFLAGS, "-I", KERNELS, DRIVER, "-o", str(exe), "-pthread"]
-    started = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, " ".join(cmd) + "\n" + done.stdout + done.stderr
-    print(f"\nhost build under ThreadSanitizer: {time.monotonic() - started:.1f} s")
-    return str(exe)
-
-
-class Outcome:
-    def __init__(self, done):
-        self.returncode = done.returncode
-        self.stderr = done.stderr
-        self.reports = len(re.findall(r"WARNING: ThreadSanitizer", done.stderr))
-        rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        self.row = json.loads(rows[-1]) if rows else None
-
-    @property
-    def wrong(self):
-        return self.row is not None and (self.row["mismatches"] or self.row["timeouts"])
-
-    @property
-    def caught(self):
-        return self.reports > 0 or self.wrong
-
-    def first_report(self):
-        match = re.search(r"WARNING: ThreadSanitizer.*?(?=\n\n|\Z)", self.stderr, re.S)
-        return match.group(0)[:3000] if match else self.stderr[-3000:]
-
-
-# Older ThreadSanitizer runtimes cannot place their shadow memory under the address
-# randomization of newer kernels (vm.mmap_rnd_bits = 32, e.g. Ubuntu 24.04); such a
-# run is repeated with randomization off for the process (setarch -R).
-MAPPING_FAILURE = "ThreadSanitizer: unexpected memory mapping"
-
-
-def run(driver, kernel, world, *options, timeout=300):
-    env = dict(os.environ, TSAN_OPTIONS=TSAN_OPTIONS)
-    cmd = [driver, kernel, str(world), *map(str, options)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          check=False)
-    if MAPPING_FAILURE in done.stderr and shutil.which("setarch"):
-        done = subprocess.run(["setarch", os.uname().machine, "-R", *cmd], capture_output=True,
-                              text=True, timeout=timeout, env=env, check=False)
-    if MAPPING_FAILURE in done.stderr:
-        pytest.skip("ThreadSanitizer cannot map its shadow memory on this kernel, and "
-                    f"setarch -R did not help: {done.stderr.strip()[:300]}")
-    outcome = Outcome(done)
-    assert outcome.returncode in (0, 1, TSAN_EXIT), " ".join(cmd) + "\n" + done.stderr[-3000:]
-    return outcome
-
-
-def assert_clean(outcome, what):
-    assert outcome.reports == 0, f"{what}: ThreadSanitizer reported\n{outcome.first_report()}"
-    assert outcome.row is not None, f"{what}: no result\n{outcome.stderr[-3000:]}"
-    assert outcome.row["mismatches"] == 0 and outcome.row["timeouts"] == 0, (what, outcome.row)
-    assert outcome.returncode == 0, (what, outcome.row)
+pytestmark = NEEDS_CXX
 
 
 # --- every kernel, every world, every way the host calls it ---------------------------------
@@ -432,14 +341,6 @@ def mutation_ways(kernel):
             "chunked": chunked}
 
 
-def _detection(outcome):
-    if outcome.reports:
-        return "TSan report"
-    if outcome.wrong:
-        return (f"{outcome.row['mismatches']} wrong, {outcome.row['timeouts']} timed out")
-    return "not caught"
-
-
 def test_every_barrier_removal_is_caught(driver):
     """Each barrier of each kernel (and of two-shot and two-stage taking turns) left out in
     turn, at world 4, staged, registered and registered in chunks: caught by a
@@ -451,7 +352,7 @@ def test_every_barrier_removal_is_caught(driver):
         for phase in phases:
             calls = {"oneshot": 10, "twoshot": 10, MIXED: 6, "reducescatter": 10,
                      "allgather": 10}.get(kernel, 4)
-            found = {way: _detection(run(driver, kernel, 4, *options, "--skip", phase,
+            found = {way: detection(run(driver, kernel, 4, *options, "--skip", phase,
                                          "--calls", calls, *DELAYS))
                      for way, options in ways.items()}
             reason = REDUNDANT.get((kernel, phase))
@@ -498,103 +399,3 @@ def test_staging_copy_out_of_order_is_caught(driver, kernel, mutation):
 
 # 3001 float32 elements on 3 blocks of 64 threads: 16 words a thread; 401 at world 8
 # (a quick run under TSan).
-def ll_elements(world):
-    return 401 if world == 8 else 3001
-
-
-@pytest.mark.parametrize("world", WORLDS)
-def test_ll_clean_and_exact(driver, world):
-    """Back-to-back LL calls, every rank overwriting its input at once (the seeds' pattern:
-    no peer reads it, so nothing can race), out of place and in place: zero reports, exact
-    sums; at world 4 also across the 32-bit wrap of the block epochs its start flags carry,
-    and at world 3 taking turns with one-shot (the block epochs advance between LL calls)."""
-    ways = {"out of place": ("ll",), "in place": ("ll", "--in-place", 1)}
-    if world == 4:
-        ways["across the epoch wrap"] = ("ll", "--epoch-start", WRAP_START)
-    if world == 3:
-        ways["taking turns with one-shot"] = ("oneshot+ll",)
-    for way, (kernel, *options) in ways.items():
-        outcome = run(driver, kernel, world, *options, "--elements", ll_elements(world),
-                      "--calls", 8, "--seed", world, *DELAYS)
-        assert_clean(outcome, f"ll {way} at world {world}")
-
-
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_ll_half_types(driver, dtype):
-    """Two 16-bit elements a word, an odd count (the last word half empty), in place too."""
-    for in_place in (0, 1):
-        outcome = run(driver, "ll", 3, "--dtype", dtype, "--elements", 1001,
-                      "--in-place", in_place, "--calls", 6, *DELAYS)
-        assert_clean(outcome, f"ll {dtype} in place {in_place}")
-
-
-# 4 count bits: the refresh calls are those with count % 4 < 2. Every 16th call takes 512
-# elements, the others 64: a large call's words past 64 were last stored 16 calls before,
-# with the same count bits and digest. One word a thread (8 blocks of 64), and rank 3
-# starts every call 2 ms late, so its peers poll its packets before it pushes them.
-LL_REFRESH = ("--ll-count-bits", 4, "--large-every", 16, "--elements", 512, "--max-size", 8192,
-              "--blocks", 8, "--late", "3.2000", "--calls", 40)
-
-
-def test_ll_refresh_keeps_few_count_bits_sound(driver):
-    """With the refresh, the large calls wait for rank 3's packets: clean and exact. The
-    control, no refresh, takes its 16-calls-old packets as the call's: wrong sums."""
-    assert_clean(run(driver, "ll", 4, *LL_REFRESH, *DELAYS), "ll refresh")
-    control = run(driver, "ll", 4, *LL_REFRESH, "--ll-mutation", "no-refresh", *DELAYS)
-    assert control.caught, f"ll without the refresh went unseen: {control.row}"
-
-
-LL_MUTATIONS = {
-    "one-generation": "every call uses one slot: a rank one call ahead overwrites packets a "
-                      "peer has not taken (its wait for them times out)",
-    "no-count": "the flag carries no count: a reader takes the packets of the call two back",
-    "split-store": "data, then flag, as two 32-bit stores, the data plain: a reader may see "
-                   "the flag without the data (on the host a race ThreadSanitizer reports; "
-                   "two relaxed 32-bit atomics are never observed apart on x86 under TSan)",
-}
-
-
-@pytest.mark.parametrize("mutation", LL_MUTATIONS)
-def test_ll_mutation_is_caught(driver, mutation):
-    outcome = run(driver, "ll", 4, "--ll-mutation", mutation, "--calls", 10,
-                  "--timeout-ms", 2000, *DELAYS)
-    print(f"\nll {mutation}: {_detection(outcome)}")
-    assert outcome.caught, f"ll {mutation}: {LL_MUTATIONS[mutation]}; went unseen: {outcome.row}"
-
-
-def test_a_lagging_reader_shows_a_single_generation(driver):
-    """The GPU control's load: rank 3 takes its packets 300 us after its pushes in every
-    call. Two generations stay exact; with one its peers' next call overwrites them."""
-    lag = ("--ll-reader-delay-us", 300, "--calls", 10, "--timeout-ms", 2000)
-    assert_clean(run(driver, "ll", 4, *lag), "ll with a lagging reader")
-    assert run(driver, "ll", 4, *lag, "--ll-mutation", "one-generation").caught
-
-
-@pytest.mark.parametrize("world", [2, 4, 8])
-def test_ll_disagreeing_calls_are_recorded_and_touch_nothing(driver, world):
-    """As test_disagreeing_calls_are_recorded_and_touch_nothing: a packet with this call's
-    count bits and another digest ends the wait at once, the start flags record it."""
-    outcome = run(driver, "ll", world, "--elements", ll_elements(world), "--disagree",
-                  f"{world - 1}.3", "--calls", 6, "--seed", world, *DELAYS)
-    assert_clean(outcome, f"ll disagreeing at world {world}")
-    row = outcome.row
-    assert (row["disagreements"], row["bad_records"], row["touched"]) == (world, 0, 0), row
-    assert row["launches"] == 4 * world and row["seconds"] < 30, row
-
-
-def test_ll_ignoring_the_signature_is_caught(driver):
-    """The control: the packets' digest bits and the start flags ignored, the agreeing
-    ranks sum and write their outputs, and nobody records a disagreement."""
-    outcome = run(driver, "ll", 3, "--disagree", "2.3", "--signature-check", "off",
-                  "--calls", 6, "--timeout-ms", 1000, *DELAYS)
-    assert outcome.reports == 0, outcome.first_report()
-    row = outcome.row
-    assert row["disagreements"] == 0 and row["touched"] > 0 and outcome.returncode == 1, row
-
-
-def test_ll_absent_rank_times_out_and_is_named(driver):
-    outcome = run(driver, "ll", 3, "--absent", "2.3", "--calls", 6, "--timeout-ms", 1000)
-    assert outcome.reports == 0, outcome.first_report()
-    row = outcome.row
-    assert row["mismatches"] == 0 and row["timeouts"] == 2, row
-    assert row["missing"] == [2] and row["timed_out_calls"] == [3, 3], row
