@@ -1,6 +1,7 @@
 """pyar.bench --latency without a GPU: the row arithmetic (ratios, the
-issue's target), LL left blank above its limit, the cells, the command
-line, and the sweep's order of calls on stand-in arrays and streams."""
+issue's target, the best LL), the LL one-shot and two-shot left blank above
+their limits, the cells, the command line, and the sweep's order of calls on
+stand-in arrays and streams."""
 import types
 
 import numpy as np
@@ -35,28 +36,53 @@ def test_target_takes_the_larger_bound(ll, oneshot, floor, target):
 def test_row_without_ll_has_no_ratios_or_target():
     row = latency.row(1 << 20, 1 << 19, "bfloat16", "eager",
                       {"oneshot": 30.0, "twoshot": 20.0}, 3.0, wrong=0)
-    assert row["ll_us"] is None and row["target"] is None
+    assert row["ll_us"] is None and row["ll2_us"] is None and row["target"] is None
     assert row["ll_vs_oneshot"] is None and row["ll_vs_floor"] is None
+    assert row["best_vs_oneshot"] is None
     assert _cells(row) == ["1 MiB", "524288", "bfloat16", "eager", "30.00", "20.00", "-",
-                           "3.00", "-", "-", "-", "0"]
+                           "-", "3.00", "-", "-", "-", "-", "0"]
 
 
 def test_cells_follow_the_columns():
     row = latency.row(1024, 256, "float32", "graph",
-                      {"oneshot": 10.0, "twoshot": 14.5, "ll": 5.0}, 4.0)
+                      {"oneshot": 10.0, "twoshot": 14.5, "ll": 5.0, "ll_twoshot": 7.0}, 4.0)
     cells = latency.cells(row)
     assert len(cells) == len(latency.COLUMNS)
     assert _cells(row) == ["1 KiB", "256", "float32", "graph", "10.00", "14.50", "5.00",
-                           "4.00", "0.50x", "1.25x", "yes", "-"]
-    assert _cells(dict(row, ll_us=9.0, target=False))[10] == "no"
+                           "7.00", "4.00", "0.50x", "1.25x", "yes", "0.50x", "-"]
+    assert _cells(dict(row, ll_us=9.0, target=False))[11] == "no"
     assert {name for name, _ in latency.COLUMNS} - {"size", "type"} <= set(row)
+
+
+@pytest.mark.parametrize("times, best", [
+    ({"ll": 5.0, "ll_twoshot": 4.0}, 0.4),   # the two-shot the faster
+    ({"ll": 5.0, "ll_twoshot": 6.0}, 0.5),
+    ({"ll_twoshot": 7.0}, 0.7),              # above the one-shot LL's limit
+])
+def test_best_ll_is_the_faster_that_takes_the_size(times, best):
+    row = latency.row(1 << 19, 1 << 17, "float32", "eager", {"oneshot": 10.0, **times}, 3.0)
+    assert row["best_vs_oneshot"] == pytest.approx(best)
+    assert row["ll2_us"] == pytest.approx(times["ll_twoshot"])
+    assert (row["target"] is None) is ("ll" not in times)
 
 
 def test_ll_takes_sizes_up_to_its_segment():
     limit = algorithms.LL_MAX_BYTES
-    assert latency.takes("ll", limit, 64 << 20) and not latency.takes("ll", limit + 1, 64 << 20)
-    assert not latency.takes("ll", 64 << 10, 32 << 10)   # max_size below LL_MAX_BYTES
-    assert latency.takes("oneshot", 64 << 20, 64 << 20)
+    big = 64 << 20
+    assert latency.takes("ll", limit, big, 8) and not latency.takes("ll", limit + 1, big, 8)
+    assert not latency.takes("ll", 64 << 10, 32 << 10, 2)   # max_size below LL_MAX_BYTES
+    assert latency.takes("oneshot", big, big, 2)
+
+
+@pytest.mark.parametrize("world, largest", [
+    (2, 256 << 10), (3, 384 << 10), (4, 512 << 10), (8, 1 << 20)])
+def test_ll_twoshot_takes_world_halves_of_a_segment(world, largest):
+    big = 64 << 20
+    assert latency.takes("ll_twoshot", largest, big, world)
+    assert not latency.takes("ll_twoshot", largest + 1, big, world)
+    # max_size 32 KiB: world halves of a 32 KiB segment
+    assert latency.takes("ll_twoshot", world * (16 << 10), 32 << 10, world)
+    assert not latency.takes("ll_twoshot", world * (16 << 10) + 1, 32 << 10, world)
 
 
 def test_latency_command_line():
@@ -98,8 +124,9 @@ class Stream:
 
 def test_sweep_times_each_algorithm_that_takes_the_size(monkeypatch):
     from mpi4py import MPI
+    # At 4 ranks the LL two-shot takes twice the one-shot's largest input.
     limit = algorithms.LL_MAX_BYTES
-    world, calls, registered, floors = 2, [], [], []
+    world, calls, registered, floors = 4, [], [], []
     monkeypatch.setattr(latency, "pyar", types.SimpleNamespace(
         empty=lambda shape, dtype, **kw: HostArray(np.zeros(shape, dtype)),
         empty_like=lambda a: HostArray(np.zeros_like(a.host))))
@@ -120,17 +147,22 @@ def test_sweep_times_each_algorithm_that_takes_the_size(monkeypatch):
     def time_point(src, dst, algo, mode, iterations, stream):
         calls.append((src.nbytes, algo, mode))
         dst.host[:] = exact.expected_sum(dst.size, world)
-        return {"oneshot": 10e-6, "twoshot": 12e-6, "ll": 5e-6}[algo]
+        return {"oneshot": 10e-6, "twoshot": 12e-6, "ll": 5e-6, "ll_twoshot": 4e-6}[algo]
 
     comm = types.SimpleNamespace(world=world, max_size=64 << 20, register=registered.append)
-    args = bench.parse_args(["--latency", "-b", str(limit), "-e", str(2 * limit),
+    args = bench.parse_args(["--latency", "-b", str(limit), "-e", str(4 * limit),
                              "-d", "float32", "-n", "3"])
     shown = []
-    rows = latency.sweep(args, comm, MPI.COMM_SELF, 2 * limit, shown.append, 20, time_point)
-    assert rows == shown and [r["mode"] for r in rows] == ["eager", "graph"] * 2
-    assert calls == [(n, algo, mode) for n in (limit, 2 * limit) for mode in latency.MODES
-                     for algo in (latency.ALGOS if n == limit else ("oneshot", "twoshot"))]
-    assert floors == ["eager", "graph"] * 2 and len(registered) == 2   # whole, then prefix
-    assert [r["target"] for r in rows] == [True, True, None, None]
-    assert [r["ll_us"] for r in rows] == [pytest.approx(5.0)] * 2 + [None] * 2
+    rows = latency.sweep(args, comm, MPI.COMM_SELF, 4 * limit, shown.append, 20, time_point)
+    sizes = (limit, 2 * limit, 4 * limit)
+    taken = {limit: latency.ALGOS, 2 * limit: ("oneshot", "twoshot", "ll_twoshot"),
+             4 * limit: ("oneshot", "twoshot")}
+    assert rows == shown and [r["mode"] for r in rows] == ["eager", "graph"] * 3
+    assert calls == [(n, algo, mode) for n in sizes for mode in latency.MODES
+                     for algo in taken[n]]
+    assert floors == ["eager", "graph"] * 3 and len(registered) == 3   # whole, then prefixes
+    assert [r["target"] for r in rows] == [True, True] + [None] * 4
+    assert [r["ll_us"] for r in rows] == [pytest.approx(5.0)] * 2 + [None] * 4
+    assert [r["ll2_us"] for r in rows] == [pytest.approx(4.0)] * 4 + [None] * 2
+    assert [r["best_vs_oneshot"] for r in rows] == [pytest.approx(0.4)] * 4 + [None] * 2
     assert all(r["wrong"] == 0 and r["floor_us"] == pytest.approx(2.0) for r in rows)

@@ -230,7 +230,7 @@ def test_signature_bit_positions():
         5 | 3 << 40 | 3 << 48 | 0xF << 53)
     assert layout.OPERATIONS == {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4,
                                  "split": 5, "reduce_scatter": 6, "all_gather": 7, "lamport": 8,
-                                 "ll": 9}
+                                 "ll": 9, "ll_twoshot": 10}
     assert layout.signature("split", (1 << 40) - 1, BF16, True, 0xF) < 1 << 57
     assert layout.signature("oneshot", 4096, np.float32, False, more=True) == (
         4096 | 1 << 40 | 1 << 48 | 1 << 57)
@@ -283,7 +283,9 @@ def test_signature_descriptions():
         "all_gather 9 x float32 staged")
     assert layout.describe_signature(layout.signature("ll", 4096, BF16, False)) == (
         "allreduce ll 4096 x bfloat16 unstaged")
-    assert "unknown call" in layout.describe_signature(10 << 40 | 1 << 48)
+    assert layout.describe_signature(layout.signature("ll_twoshot", 7, np.float16, False)) == (
+        "allreduce ll_twoshot 7 x float16 unstaged")
+    assert "unknown call" in layout.describe_signature(11 << 40 | 1 << 48)
     assert "unknown call" in layout.describe_signature(1 << 60 | 1 << 40 | 1 << 48)
     assert layout.describe_signature(layout.signature("oneshot", 8, BF16, True, more=True)) == (
         "allreduce oneshot 8 x bfloat16 registered (a chunk; more of the call follow)")

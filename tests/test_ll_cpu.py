@@ -39,27 +39,30 @@ def _read(name):
 def _ll_entries():
     """(entry names, [(C type, parameter name)]) the LL macros of allreduce.cu define."""
     source = _read("allreduce.cu")
-    entry = re.search(r"#define PYAR_LL_ENTRY\(name, T, W\)(.*?)\{", source, re.S)
+    entry = re.search(r"#define PYAR_LL_ENTRY\(kind, fn, name, T, W\)(.*?)\{", source, re.S)
     params = re.search(r"_w##W\((.*?)\)", entry.group(1).replace("\\", ""), re.S).group(1)
     typed = [re.match(r"(.*?)(\w+)$", p.strip()).groups() for p in params.split(",")]
     typed = [(" ".join(c.split()).replace(" *", " *"), n) for c, n in typed]
-    worlds = re.findall(r"^\s*PYAR_LL_ENTRY\(name, T, (\d+)\)", source, re.M)
-    types = re.findall(r"^PYAR_LL_WORLDS\((\w+), [\w:]+\)", source, re.M)
-    return {f"pyar_allreduce_ll_{t}_w{w}" for t in types for w in worlds}, typed
+    worlds = re.findall(r"^\s*PYAR_LL_ENTRY\(kind, fn, name, T, (\d+)\)", source, re.M)
+    types = re.findall(r"^\s*PYAR_LL_WORLDS\(kind, fn, (\w+), [\w:]+\)", source, re.M)
+    kinds = re.findall(r"^PYAR_LL_TYPES\((\w+), \w+\)", source, re.M)
+    return {f"pyar_allreduce_{k}_{t}_w{w}" for k in kinds for t in types for w in worlds}, typed
 
 
 def test_ll_entries_are_the_ones_the_host_asks_for():
     names, typed = _ll_entries()
-    assert len(names) == 3 * 7, sorted(names)
+    assert len(names) == 2 * 3 * 7, sorted(names)
     assert tuple(n for _, n in typed) == PARAMETERS
     assert tuple(C_KINDS[c] for c, _ in typed) == kernels.LL_ARGS
     for world in range(2, 9):
         module = RecordingModule()
         kernel_set = kernels.KernelSet(world, module, RecordingModule(), rows=None)
-        for dtype in kernels.DTYPE_NAMES:
-            kernel_set.allreduce(algorithms.LL, dtype)
+        for algo in algorithms.LL_ALGORITHMS:
+            for dtype in kernels.DTYPE_NAMES:
+                kernel_set.allreduce(algo, dtype)
         assert {(n, a) for n, a in module.requests} == {
-            (kernels.allreduce_name("ll", d, world), kernels.LL_ARGS) for d in kernels.DTYPE_NAMES}
+            (kernels.allreduce_name(algo, d, world), kernels.LL_ARGS)
+            for algo in algorithms.LL_ALGORITHMS for d in kernels.DTYPE_NAMES}
         assert {n for n, _ in module.requests} <= names
 
 
@@ -68,8 +71,9 @@ def test_every_allreduce_includes_the_ll_kernels():
     module = RecordingModule()
     kernels.KernelSet(4, module, RecordingModule(), rows=None).every_allreduce()
     asked = {n for n, _ in module.requests}
-    assert {kernels.allreduce_name("ll", d, 4) for d in kernels.DTYPE_NAMES} <= asked
-    assert len(asked) == 3 * 3
+    assert {kernels.allreduce_name(a, d, 4) for a in algorithms.LL_ALGORITHMS
+            for d in kernels.DTYPE_NAMES} <= asked
+    assert len(asked) == 4 * 3
 
 
 def test_region_layout_matches_the_kernel():
@@ -227,3 +231,39 @@ def test_ranks_that_disagree_on_auto_ll_refuse_to_connect(monkeypatch):
     with pytest.raises(MismatchError, match=r"max_size, timeout and PYAR_AUTO_LL"):
         NodeCommunicator(node)
     assert node.freed
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_planner_ll_twoshot_step_and_limit(world):
+    """The two-shot: one launch with LL's arguments, a thread per word of a rank's shard;
+    inputs up to world halves of a segment, refused past them (also through the
+    communicator, at every world size alike)."""
+    node = geometry(world=world, max_size=1 << 20)
+    largest = plan.ll_largest("ll_twoshot", node.ll_bytes, world)
+    assert largest == world * node.ll_bytes // 2
+    fits, over = array(X, largest // 4, F32), array(X, largest // 4 + 1, F32)
+    assert plan.allreduce_algorithm(node, fits, fits, "ll_twoshot", None) == "ll_twoshot"
+    with pytest.raises(ValueError, match=f"algo='ll_twoshot' takes inputs of at most {largest}"):
+        plan.allreduce_algorithm(node, over, over, "ll_twoshot", None)
+    count = 100_003
+    x, out = array(X, count, BF16), array(OUT, count, BF16)
+    (step,) = plan.allreduce(node, RecordingKernels(world), x, out, "ll_twoshot", None)
+    got = dict(zip(PARAMETERS, step.args))
+    assert got["capacity"] == node.ll_bytes // 4 and got["n"] == count
+    assert got["signature"] == layout.signature("ll_twoshot", count, BF16, False)
+    assert got["signature"] != layout.signature("ll", count, BF16, False)
+    shard_words = -(-(-(-count * 2 // 4)) // world)
+    assert step.grid == min(3, -(-shard_words // 512))
+    assert step.details == f"(ll_twoshot, {count} x {BF16})"
+
+
+def test_a_forced_twoshot_call_is_one_launch_in_place_too(copies, sequences):
+    comm = assemble(8, max_size=1 << 20)
+    x, out = array(X, 300_000, F16), array(OUT, 300_000, F16)  # 600 KB: past one segment
+    assert comm.allreduce(x, out, algo="ll_twoshot") is out
+    assert comm.allreduce(x, x, algo="ll_twoshot") is x
+    (function,) = comm.kernels.functions.values()
+    assert function.name == kernels.allreduce_name("ll_twoshot", F16, 8)
+    assert copies == []
+    with pytest.raises(ValueError, match="algo='ll' takes inputs of at most"):
+        comm.allreduce(x, out, algo="ll")

@@ -1,13 +1,16 @@
 """``--latency``: the forced algorithms side by side per size, against the
 floor of an empty kernel (issue 42's LL target).
 
-Per size and mode (eager, graph) one row: one-shot, two-shot and LL
-(``algo="ll"``, blank above the largest input it takes) forced through the
-planner, and ``floor_us``, an empty kernel (``pyar_test_empty``) launched on
-the same stream: a plain launch in eager rows, replayed from a graph of as
-many launches as the all-reduce graphs hold in graph rows.  The target: LL
-within 0.6x the barrier one-shot, or within 1.2x the floor, whichever is
-larger."""
+Per size and mode (eager, graph) one row: one-shot, two-shot, LL
+(``algo="ll"``) and the LL two-shot (``algo="ll_twoshot"``, column
+``ll2_us``) forced through the planner, each LL blank above the largest
+input it takes on the communicator's world (plan.ll_largest), and
+``floor_us``, an empty kernel (``pyar_test_empty``) launched on the same
+stream: a plain launch in eager rows, replayed from a graph of as many
+launches as the all-reduce graphs hold in graph rows.  The target: LL within
+0.6x the barrier one-shot, or within 1.2x the floor, whichever is larger.
+``best_vs_oneshot``: the faster LL (one-shot or two-shot) over the barrier
+one-shot."""
 import numpy as np
 
 import pyar
@@ -16,19 +19,25 @@ from pyar.bench import exact, measure
 from pyar.bench.points import points
 from pyar.bench.sizes import human_bytes
 from pyar.bench.table import Table
-from pyar.comm import plan
+from pyar.comm import algorithms, plan
 
-ALGOS = ("oneshot", "twoshot", "ll")
+ALGOS = ("oneshot", "twoshot", "ll", "ll_twoshot")
+# The row field (and column) of each algorithm's microseconds.
+FIELDS = {"oneshot": "oneshot_us", "twoshot": "twoshot_us", "ll": "ll_us",
+          "ll_twoshot": "ll2_us"}
 MODES = ("eager", "graph")
 ONESHOT_FACTOR = 0.6  # LL at most this times the barrier one-shot ...
 FLOOR_FACTOR = 1.2    # ... or this times the empty kernel, whichever is larger
 COLUMNS = [("size", 10), ("count", 11), ("type", 9), ("mode", 6), ("oneshot_us", 10),
-           ("twoshot_us", 10), ("ll_us", 8), ("floor_us", 8), ("ll_vs_oneshot", 13),
-           ("ll_vs_floor", 11), ("target", 6), ("wrong", 5)]
-LEGEND = ("oneshot/twoshot/ll: forced algorithms (ll blank above its limit); floor_us: an "
-          "empty kernel on the same stream (graph rows: replayed from a graph); target: "
-          f"ll_us <= max({ONESHOT_FACTOR} x oneshot_us, {FLOOR_FACTOR} x floor_us); wrong: "
-          "elements that differ from the exact sum, all ranks and algorithms (- unchecked)")
+           ("twoshot_us", 10), ("ll_us", 8), ("ll2_us", 8), ("floor_us", 8),
+           ("ll_vs_oneshot", 13), ("ll_vs_floor", 11), ("target", 6), ("best_vs_oneshot", 15),
+           ("wrong", 5)]
+LEGEND = ("oneshot/twoshot/ll/ll2: forced algorithms, ll2 the LL two-shot (ll and ll2 blank "
+          "above their limits); floor_us: an empty kernel on the same stream (graph rows: "
+          f"replayed from a graph); target: ll_us <= max({ONESHOT_FACTOR} x oneshot_us, "
+          f"{FLOOR_FACTOR} x floor_us); best_vs_oneshot: min(ll_us, ll2_us) / oneshot_us; "
+          "wrong: elements that differ from the exact sum, all ranks and algorithms "
+          "(- unchecked)")
 
 
 def _ratio(top, bottom):
@@ -43,10 +52,13 @@ def row(nbytes, count, dtype, mode, times_us, floor_us, wrong=None):
     target = None
     if ll is not None and oneshot is not None and floor_us is not None:
         target = ll <= max(ONESHOT_FACTOR * oneshot, FLOOR_FACTOR * floor_us)
+    lls = [us for algo, us in times.items()
+           if algo in algorithms.LL_ALGORITHMS and us is not None]
     return {"bytes": nbytes, "count": count, "dtype": dtype, "mode": mode,
-            **{f"{algo}_us": us for algo, us in times.items()}, "floor_us": floor_us,
+            **{FIELDS[algo]: us for algo, us in times.items()}, "floor_us": floor_us,
             "ll_vs_oneshot": _ratio(ll, oneshot), "ll_vs_floor": _ratio(ll, floor_us),
-            "target": target, "wrong": wrong}
+            "target": target, "best_vs_oneshot": _ratio(min(lls, default=None), oneshot),
+            "wrong": wrong}
 
 
 def table():
@@ -64,13 +76,17 @@ def _times(value):
 def cells(row):
     target = None if row["target"] is None else ("yes" if row["target"] else "no")
     return [human_bytes(row["bytes"]), row["count"], row["dtype"], row["mode"],
-            *(_us(row[f"{algo}_us"]) for algo in ALGOS), _us(row["floor_us"]),
-            _times(row["ll_vs_oneshot"]), _times(row["ll_vs_floor"]), target, row.get("wrong")]
+            *(_us(row[FIELDS[algo]]) for algo in ALGOS), _us(row["floor_us"]),
+            _times(row["ll_vs_oneshot"]), _times(row["ll_vs_floor"]), target,
+            _times(row["best_vs_oneshot"]), row.get("wrong")]
 
 
-def takes(algo, nbytes, max_size):
-    """Whether forced ``algo`` takes an input of ``nbytes``."""
-    return algo != "ll" or nbytes <= plan.ll_segment(max_size)
+def takes(algo, nbytes, max_size, world):
+    """Whether forced ``algo`` takes an input of ``nbytes`` on ``world`` ranks
+    of a communicator made with ``max_size``."""
+    if algo not in algorithms.LL_ALGORITHMS:
+        return True
+    return nbytes <= plan.ll_largest(algo, plan.ll_segment(max_size), world)
 
 
 def point_count(sizes):
@@ -125,7 +141,7 @@ def sweep(args, comm, mpi, largest, show, graph_calls, time_point):
         for mode in MODES:
             times, wrong = {}, 0 if args.check else None
             for algo in ALGOS:
-                if not takes(algo, moved, comm.max_size):
+                if not takes(algo, moved, comm.max_size, world):
                     continue
                 _hip.memset(dst.ptr, 0, dst.nbytes, stream)  # a stale right answer cannot pass
                 times[algo] = time_point(src, dst, algo, mode, iterations, stream) * 1e6

@@ -27,6 +27,13 @@ LAMPORT = "lamport"
 # ``algo="ll"``; ``"auto"`` runs it up to LL_AUTO_MAX_BYTES where the
 # communicator was made with PYAR_AUTO_LL=1 (pyar.comm.plan.auto_ll_bytes).
 LL = "ll"
+# the barrier-free LL push two-shot (pyar_ll.h, ll_twoshot): every rank pushes
+# shard q of its input to rank q, which sums its shard and pushes the sum to
+# every rank; forced only (``algo="ll_twoshot"``) until GPU runs measure it.
+# It moves 2(W-1)/W of the one-shot LL's bytes per rank per W, in two steps,
+# and takes inputs up to W/2 segments (pyar.comm.plan.ll_largest).
+LL_TWOSHOT = "ll_twoshot"
+LL_ALGORITHMS = (LL, LL_TWOSHOT)
 # The largest input ``algo="ll"`` takes (the communicator's max_size when
 # that is smaller): a rank's receive region holds 2 generations x world
 # segments of twice this (a packet carries 4 bytes of data in 8).
@@ -62,7 +69,7 @@ def choose(nbytes, world):
 
 
 def validate(algo):
-    return _known(algo, ALGORITHMS + (LL,))
+    return _known(algo, ALGORITHMS + LL_ALGORITHMS)
 
 
 # world size -> largest input (tokens * hidden * itemsize) that the fused

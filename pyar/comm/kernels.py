@@ -73,7 +73,7 @@ def allreduce_name(algo, dtype, world):
 
 
 def allreduce_args(algo):
-    return LL_ARGS if algo == algorithms.LL else ALLREDUCE_ARGS
+    return LL_ARGS if algo in algorithms.LL_ALGORITHMS else ALLREDUCE_ARGS
 
 
 def reduce_scatter_outputs(dtype):
@@ -158,7 +158,8 @@ class KernelSet:
         """Every all-reduce kernel, the LL ones included: they spin too, so
         their occupancy bounds the all-reduce's block cap alike."""
         return [self.allreduce(algo, dtype)
-                for algo in algorithms.ALGORITHMS + (algorithms.LL,) for dtype in DTYPE_NAMES]
+                for algo in algorithms.ALGORITHMS + algorithms.LL_ALGORITHMS
+                for dtype in DTYPE_NAMES]
 
     def every_shard(self):
         return ([self.shard("reduce_scatter", d, o)

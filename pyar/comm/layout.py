@@ -83,14 +83,14 @@ def ll_region_bytes(world, ll_bytes, max_blocks):
 # launches of a rank's calls parse into calls one way only: a call of two
 # chunks never agrees with two calls of one chunk each.
 OPERATIONS = {"oneshot": 1, "twoshot": 2, "onestage": 3, "twostage": 4, "split": 5,
-              "reduce_scatter": 6, "all_gather": 7, "lamport": 8, "ll": 9}
+              "reduce_scatter": 6, "all_gather": 7, "lamport": 8, "ll": 9, "ll_twoshot": 10}
 SIGNATURE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2,
                     np.dtype(ml_dtypes.bfloat16): 3}
 _ELEMENT_BITS = 40
 _QUANT_BITS = 4
 _COLLECTIVE = {"oneshot": "allreduce", "twoshot": "allreduce", "onestage": "allreduce_rmsnorm",
                "twostage": "allreduce_rmsnorm", "split": "allreduce_rmsnorm",
-               "lamport": "allreduce_rmsnorm", "ll": "allreduce"}
+               "lamport": "allreduce_rmsnorm", "ll": "allreduce", "ll_twoshot": "allreduce"}
 
 Signature = collections.namedtuple("Signature",
                                    "operation elements dtype registered quantization more")
@@ -132,7 +132,8 @@ def describe_signature(value):
     if s.operation is None or s.dtype is None or value >> 58:
         return f"an unknown call (signature {value:#018x})"
     # LL reads its input in place, unregistered: no peer reads it.
-    mode = "registered" if s.registered else "unstaged" if s.operation == "ll" else "staged"
+    mode = ("registered" if s.registered
+            else "unstaged" if s.operation in ("ll", "ll_twoshot") else "staged")
     what = f"{s.elements} x {s.dtype.name} {mode}"
     if s.more:
         what += " (a chunk; more of the call follow)"

@@ -91,13 +91,25 @@ def auto_ll_bytes(world, ll_bytes, enabled):
     return min(algorithms.LL_AUTO_MAX_BYTES[world], ll_bytes)
 
 
-def ll_refusal(ll_bytes, x, out):
-    """Why the LL kernels, whose segments hold ``ll_bytes``, cannot take
-    this call, or None."""
-    if x.nbytes > ll_bytes:
-        return (f"takes inputs of at most {ll_bytes} bytes (its receive segment: "
-                f"LL_MAX_BYTES {algorithms.LL_MAX_BYTES}, or max_size when smaller), not "
-                f"{x.nbytes}")
+def ll_largest(algo, ll_bytes, world):
+    """The largest input LL ``algo`` takes on ``world`` ranks whose LL
+    segments hold ``ll_bytes``: a segment (one-shot: every source's whole
+    input), or ``world`` halves of one (two-shot: a source's shard, then its
+    sum, each in half a segment; 4-byte words)."""
+    if algo == algorithms.LL_TWOSHOT:
+        return world * (ll_bytes // 8) * 4
+    return ll_bytes
+
+
+def ll_refusal(algo, ll_bytes, world, x, out):
+    """Why LL ``algo``, whose segments hold ``ll_bytes``, cannot take this
+    call on ``world`` ranks, or None."""
+    largest = ll_largest(algo, ll_bytes, world)
+    if x.nbytes > largest:
+        how = ("its receive segment" if algo == algorithms.LL else
+               f"{world} halves of its receive segment")
+        return (f"takes inputs of at most {largest} bytes ({how}: LL_MAX_BYTES "
+                f"{algorithms.LL_MAX_BYTES}, or max_size when smaller), not {x.nbytes}")
     itemsize = x.dtype.itemsize
     if x.ptr % itemsize or out.ptr % itemsize:
         return f"needs x and out aligned to their element size ({itemsize} bytes)"
@@ -108,15 +120,16 @@ def allreduce_algorithm(geometry, x, out, algo, registered):
     """The all-reduce algorithm a call runs: ``algo``, or for "auto" LL up to
     ``geometry.auto_ll_bytes`` (it reads its input in place, so an in-place
     call over a registered input takes it too), else the table's choice."""
-    if algo == algorithms.LL:
-        refusal = ll_refusal(geometry.ll_bytes, x, out)
+    if algo in algorithms.LL_ALGORITHMS:
+        refusal = ll_refusal(algo, geometry.ll_bytes, geometry.world, x, out)
         if refusal:
-            raise ValueError(f"algo='ll' {refusal}")
+            raise ValueError(f"algo={algo!r} {refusal}")
         return algo
     in_place_registered = registered and out.ptr == x.ptr
     if algo == "auto":
         if (x.nbytes <= geometry.auto_ll_bytes
-                and ll_refusal(geometry.ll_bytes, x, out) is None):
+                and ll_refusal(algorithms.LL, geometry.ll_bytes, geometry.world, x,
+                               out) is None):
             return algorithms.LL
         algo = algorithms.choose(x.nbytes, geometry.world)
         # One-shot writes its output while peers still read its input.
@@ -142,25 +155,29 @@ def chunk_input(geometry, x, offset, nbytes, registered):
     return geometry.staged_table, 0, 0, Copy(geometry.scratch, x.ptr + offset, nbytes)
 
 
-def ll(geometry, kernels, x, out):
-    """The one launch of an LL all-reduce: it reads x in place (never
-    staged, never registered: no peer reads it) and fits one segment."""
+def ll(geometry, kernels, x, out, algo=algorithms.LL):
+    """The one launch of an LL all-reduce (``algo``: one-shot or two-shot):
+    it reads x in place (never staged, never registered: no peer reads it)
+    and fits its segments.  A thread handles a word of the input (one-shot)
+    or of a rank's shard (two-shot)."""
     words = -(-x.nbytes // 4)
+    if algo == algorithms.LL_TWOSHOT:
+        words = -(-words // geometry.world)
     blocks = min(geometry.allreduce_blocks, max(1, -(-words // geometry.threads)))
-    signature = layout.signature(algorithms.LL, x.size, x.dtype, False)
-    return Launch(kernels.allreduce(algorithms.LL, x.dtype), blocks, geometry.threads,
+    signature = layout.signature(algo, x.size, x.dtype, False)
+    return Launch(kernels.allreduce(algo, x.dtype), blocks, geometry.threads,
                   (x.ptr, out.ptr, geometry.state, geometry.ll_region,
                    geometry.ll_region - geometry.partial, geometry.ll_bytes // 4, x.size,
                    geometry.timeout_ns, signature),
-                  "allreduce", f"(ll, {x.size} x {x.dtype})")
+                  "allreduce", f"({algo}, {x.size} x {x.dtype})")
 
 
 def allreduce(geometry, kernels, x, out, algo, registered):
     """The steps of one all-reduce of ``x`` into ``out`` with ``algo`` (as
     allreduce_algorithm chose it), chunk by chunk; ``registered``: the input
     table peers read x through, or None (staged)."""
-    if algo == algorithms.LL:
-        return [ll(geometry, kernels, x, out)]
+    if algo in algorithms.LL_ALGORITHMS:
+        return [ll(geometry, kernels, x, out, algo)]
     steps = []
     function = kernels.allreduce(algo, x.dtype)
     itemsize = x.dtype.itemsize

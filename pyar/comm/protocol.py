@@ -36,9 +36,11 @@ class CommunicatorProtocol(Protocol):
         a peer that never arrived as CollectiveTimeout.  A new ``out`` comes
         from the stream-ordered pool on ``stream``.  ``algo``: "auto",
         "oneshot" (every rank reads every peer's input; latency), "twoshot"
-        (reduce-scatter then all-gather; bandwidth) or "ll" (forced only: every
-        rank pushes LL packets into every rank's receive region, no barrier;
-        inputs up to algorithms.LL_MAX_BYTES or max_size)."""
+        (reduce-scatter then all-gather; bandwidth), "ll" (every rank pushes
+        LL packets into every rank's receive region, no barrier; inputs up to
+        algorithms.LL_MAX_BYTES or max_size; "auto" runs it for small inputs
+        under PYAR_AUTO_LL=1) or "ll_twoshot" (forced only: LL packets of
+        shards, then of their sums; inputs up to world/2 times LL's)."""
 
     def allreduce_rmsnorm(self, x, residual, weight, eps=1e-6, out=None, residual_out=None,
                           stream=None, *, quant=None, group_size=128, fp8_dtype=None,

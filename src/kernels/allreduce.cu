@@ -196,33 +196,38 @@ extern "C" __device__ const uint64_t pyar_allreduce_layout[6] = {
 PYAR_ALLREDUCE_TYPES(one_shot)
 PYAR_ALLREDUCE_TYPES(two_shot)
 
-// The LL push one-shot (pyar_ll.h): this rank's input and output, the state,
-// this rank's LL receive region, where a rank's region starts past its
-// two-shot scratch, packets per source segment, n, timeout, signature, call.
-#define PYAR_LL_ENTRY(name, T, W)                                                          \
-  extern "C" __global__ void PYAR_ALLREDUCE_BOUNDS pyar_allreduce_ll_##name##_w##W(         \
+// The LL push one-shot and two-shot (pyar_ll.h: ll, ll_twoshot): this rank's
+// input and output, the state, this rank's LL receive region, where a rank's
+// region starts past its two-shot scratch, packets per source segment, n,
+// timeout, signature, call.
+#define PYAR_LL_ENTRY(kind, fn, name, T, W)                                                \
+  extern "C" __global__ void PYAR_ALLREDUCE_BOUNDS pyar_allreduce_##kind##_##name##_w##W(   \
       const void *x, void *out, const pyar::CommState *state, void *region,                 \
       uint64_t region_offset, uint64_t capacity, uint64_t n, uint64_t timeout_ns,           \
       uint64_t signature, uint32_t call) {                                                  \
-    pyar::ll<T, W>(x, out, state, region, region_offset, capacity, n,                       \
+    pyar::fn<T, W>(x, out, state, region, region_offset, capacity, n,                       \
                    pyar::CallInfo{timeout_ns, signature, call});                            \
   }
 
-#define PYAR_LL_WORLDS(name, T) \
-  PYAR_LL_ENTRY(name, T, 2)     \
-  PYAR_LL_ENTRY(name, T, 3)     \
-  PYAR_LL_ENTRY(name, T, 4)     \
-  PYAR_LL_ENTRY(name, T, 5)     \
-  PYAR_LL_ENTRY(name, T, 6)     \
-  PYAR_LL_ENTRY(name, T, 7)     \
-  PYAR_LL_ENTRY(name, T, 8)
+#define PYAR_LL_WORLDS(kind, fn, name, T) \
+  PYAR_LL_ENTRY(kind, fn, name, T, 2)     \
+  PYAR_LL_ENTRY(kind, fn, name, T, 3)     \
+  PYAR_LL_ENTRY(kind, fn, name, T, 4)     \
+  PYAR_LL_ENTRY(kind, fn, name, T, 5)     \
+  PYAR_LL_ENTRY(kind, fn, name, T, 6)     \
+  PYAR_LL_ENTRY(kind, fn, name, T, 7)     \
+  PYAR_LL_ENTRY(kind, fn, name, T, 8)
+
+#define PYAR_LL_TYPES(kind, fn)                \
+  PYAR_LL_WORLDS(kind, fn, f32, float)         \
+  PYAR_LL_WORLDS(kind, fn, f16, __half)        \
+  PYAR_LL_WORLDS(kind, fn, bf16, pyar::bf16_bits)
 
 // Not in the builds without the call signature (PYAR_TEST_NO_SIGNATURE), which
 // price the barrier kernels' start barrier (benchmarks/signature_cost.py):
 // there ptxas of CUDA 13.0 gives up on pyar_allreduce_ll_f32_w2 (C7600,
 // "Register allocation failed with register count of '7'").
 #if !defined(PYAR_TEST_NO_SIGNATURE)
-PYAR_LL_WORLDS(f32, float)
-PYAR_LL_WORLDS(f16, __half)
-PYAR_LL_WORLDS(bf16, pyar::bf16_bits)
+PYAR_LL_TYPES(ll, ll)
+PYAR_LL_TYPES(ll_two_shot, ll_twoshot)
 #endif

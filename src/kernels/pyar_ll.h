@@ -142,20 +142,34 @@ PYAR_DEVICE uint32_t input_word(const void *x, uint64_t n, uint64_t i) {
   }
 }
 
-// The words of one index from every source, summed in rank order 0..W-1 in
-// float32 (sum_packs's order: every rank, and the barrier one-shot, get the
-// same bits), written to `out` (elements past n left alone).
+// The words of one index from every source, summed element by element in
+// rank order 0..W-1 in float32 (sum_packs's order: every rank, and the
+// barrier one-shot, get the same bits) and rounded to T once: a word of T.
 template <typename T, int W>
-PYAR_DEVICE void write_sum(const uint32_t (&v)[W], void *out, uint64_t n, uint64_t i) {
+PYAR_DEVICE uint32_t sum_word(const uint32_t (&v)[W]) {
+  constexpr int E = 4 / sizeof(T);
+  T sum[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    float acc = Element<T>::to_float(reinterpret_cast<const T *>(&v[0])[e]);
+#pragma unroll
+    for (int r = 1; r < W; ++r) acc += Element<T>::to_float(reinterpret_cast<const T *>(&v[r])[e]);
+    sum[e] = Element<T>::from_float(acc);
+  }
+  uint32_t word;
+  __builtin_memcpy(&word, sum, 4);
+  return word;
+}
+
+// Word i of the output, its elements below n written to `out`.
+template <typename T>
+PYAR_DEVICE void write_word(uint32_t word, void *out, uint64_t n, uint64_t i) {
   constexpr int E = 4 / sizeof(T);
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const uint64_t j = i * E + e;
     if (j >= n) break;
-    float acc = Element<T>::to_float(reinterpret_cast<const T *>(&v[0])[e]);
-#pragma unroll
-    for (int r = 1; r < W; ++r) acc += Element<T>::to_float(reinterpret_cast<const T *>(&v[r])[e]);
-    static_cast<T *>(out)[j] = Element<T>::from_float(acc);
+    static_cast<T *>(out)[j] = reinterpret_cast<const T *>(&word)[e];
   }
 }
 
@@ -213,6 +227,48 @@ PYAR_DEVICE bool take_word(const CommState &s, const uint64_t *const (&from)[W],
   return true;
 }
 
+// One LL call as a thread of a block sees it: the state, the call counters
+// and the block's epoch (begun at construction, committed by `end`), the
+// thread's first word and the grid's stride; once the block announced the
+// call (`begin`), its flag (count and digest), this rank's segment of the
+// call's generation at every rank (`to`), and every source's segment of it
+// in this rank's region (`from`), `capacity` packets each.
+template <int W>
+struct LLCall {
+  const CommState &s;
+  const LamportSlots counts;
+  const uint32_t epoch;
+  const uint64_t first, stride;
+  uint32_t flag = 0;
+  uint64_t *to[W] = {};
+  const uint64_t *from[W] = {};
+
+  PYAR_DEVICE LLCall(const CommState *state, void *region, const CallInfo &info)
+      : s(*state), counts(region), epoch(BlockEpoch::begin(s, info)),
+        first(blockIdx.x * uint64_t(blockDim.x) + threadIdx.x),
+        stride(uint64_t(gridDim.x) * blockDim.x) {}
+
+  PYAR_DEVICE void begin(const BlockState &block, void *region, uint64_t region_offset,
+                         uint64_t capacity) {
+    const uint64_t generation =
+        ll_mutation() == kLLOneGeneration ? 0 : counts.count & (kLLGenerations - 1);
+    flag = ll_flag(counts.count, block.digest);
+#pragma unroll
+    for (int r = 0; r < W; ++r) {
+      char *base = reinterpret_cast<char *>(s.partial[r]) + region_offset + kLLHeaderBytes;
+      to[r] = reinterpret_cast<uint64_t *>(base) + (generation * W + block.rank) * capacity;
+      from[r] = reinterpret_cast<const uint64_t *>(static_cast<const char *>(region) +
+                                                   kLLHeaderBytes) +
+                (generation * W + r) * capacity;
+    }
+  }
+
+  PYAR_DEVICE void end() {
+    BlockEpoch::commit();
+    counts.advance();
+  }
+};
+
 // The LL one-shot all-reduce of n elements of T: `x` this rank's input,
 // `out` its output (x itself in place), `region` this rank's receive region
 // and `region_offset` where a rank's region starts past its two-shot scratch
@@ -262,56 +318,121 @@ PYAR_DEVICE bool take_word(const CommState &s, const uint64_t *const (&from)[W],
 template <typename T, int W>
 PYAR_DEVICE void ll(const void *x, void *out, const CommState *state, void *region,
                     uint64_t region_offset, uint64_t capacity, uint64_t n, const CallInfo &info) {
-  const CommState &s = *state;
-  const LamportSlots counts(region);
-  const uint32_t epoch = BlockEpoch::begin(s, info);
-  const uint64_t generation =
-      ll_mutation() == kLLOneGeneration ? 0 : counts.count & (kLLGenerations - 1);
+  LLCall<W> c(state, region, info);
   const uint64_t words = (n * sizeof(T) + 3) / 4;
-  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-  const uint64_t first = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
-  if (announce<W>(epoch)) {
+  if (announce<W>(c.epoch)) {
     const BlockState &block = block_state();
-    const uint32_t flag = ll_flag(counts.count, block.digest);
-    uint64_t *to[W];  // this rank's segment of the generation, at every rank
-    const uint64_t *from[W];  // every source's segment of the generation, here
-#pragma unroll
-    for (int r = 0; r < W; ++r) {
-      char *base = reinterpret_cast<char *>(s.partial[r]) + region_offset + kLLHeaderBytes;
-      to[r] = reinterpret_cast<uint64_t *>(base) + (generation * W + block.rank) * capacity;
-      from[r] = reinterpret_cast<const uint64_t *>(static_cast<const char *>(region) +
-                                                   kLLHeaderBytes) +
-                (generation * W + r) * capacity;
-    }
-    for (uint64_t i = first; i < words; i += stride) {
+    c.begin(block, region, region_offset, capacity);
+    for (uint64_t i = c.first; i < words; i += c.stride) {
       const uint32_t data = input_word<T>(x, n, i);
 #pragma unroll
-      for (int r = 0; r < W; ++r) push_packet(to[r] + i, data, flag);
+      for (int r = 0; r < W; ++r) push_packet(c.to[r] + i, data, c.flag);
     }
     ll_reader_delay(block.rank == W - 1);
     uint32_t v[W] = {};
     bool other = false, arrived = true;
-    if (first < words) arrived = take_word<W>(s, from, first, flag, info, v, other);
-    if (confirm<W>(s, epoch, info, arrived)) {
+    if (c.first < words) arrived = take_word<W>(c.s, c.from, c.first, c.flag, info, v, other);
+    if (confirm<W>(c.s, c.epoch, info, arrived)) {
       bool ok = true;
-      for (uint64_t i = first; i < words && ok; i += stride) {
-        if (i != first) ok = take_word<W>(s, from, i, flag, info, v, other);
-        if (ok) write_sum<T, W>(v, out, n, i);
+      for (uint64_t i = c.first; i < words && ok; i += c.stride) {
+        if (i != c.first) ok = take_word<W>(c.s, c.from, i, c.flag, info, v, other);
+        if (ok) write_word<T>(sum_word<T, W>(v), out, n, i);
       }
       if (!__syncthreads_and(ok)) {
-        fail_call<W>(s, epoch, info, false, FlagWait{}, block.signals[block.rank], nullptr);
-      } else if (refresh_call(counts.count)) {
+        fail_call<W>(c.s, c.epoch, info, false, FlagWait{}, block.signals[block.rank], nullptr);
+      } else if (refresh_call(c.counts.count)) {
         // Every packet of this rank's generation: those of this thread's
         // words (taken), and past the call's words (no one's this call).
-        uint64_t *mine = const_cast<uint64_t *>(from[0]);
-        for (uint64_t i = first; i < capacity; i += stride)
+        uint64_t *mine = const_cast<uint64_t *>(c.from[0]);
+        for (uint64_t i = c.first; i < capacity; i += c.stride)
 #pragma unroll
           for (int r = 0; r < W; ++r) store_packet(mine + r * capacity + i, 0);
       }
     }
   }
-  BlockEpoch::commit();
-  counts.advance();
+  c.end();
+}
+
+// The LL two-shot all-reduce: as `ll`, with rank q owning shard q, `shard`
+// words of the input (words past the input's end are pushed as 0 and never
+// written).  Each source segment splits in two halves of `capacity / 2`
+// packets: the shards pushed to their owner (the reduce-scatter), then the
+// owners' sums pushed to every rank (the all-gather).  Thread t of block b
+// handles shard word j = b * B + t + k * G * B (k = 0, 1, ..) on every rank:
+// it pushes word q * shard + j of its input into rank q's first half, takes
+// word j of its own shard from every source, sums it (sum_word: the bits of
+// the one-shot) and pushes the sum into every rank's second half, then takes
+// every rank's sum of word j and writes output word r * shard + j.  The host
+// gives it inputs of at most W halves (shard <= capacity / 2, capacity even).
+//
+// Why it needs no barrier: as `ll`.  Each packet, in either half, is stored
+// once per call by its source and read only by its owner's thread of the
+// same j; q stores into p's generation g (either half) only in calls c with
+// c & 1 == g, which start after q's call c - 1 waited for p's start flag of
+// call c - 1, released after p's reads of call c - 2 (both halves) returned.
+// The second half's packets are sums q computed from packets it took in
+// this call after confirm.  (Alone, the two-shot would not need the second
+// generation: q pushes call c + 1's shards only after it took every owner's
+// sums of call c, pushed after the owners took every shard of call c, and
+// its sums of call c + 1 only after it took p's shards of call c + 1, pushed
+// after p's call c returned.  Calls that take turns with the one-shot, whose
+// pushes wait for nothing, need it.)  In place, a thread writes only the output words
+// r * shard + j of its own j, after it pushed the input words q * shard + j
+// (the same words) in the first loop, and no other thread reads them.
+template <typename T, int W>
+PYAR_DEVICE void ll_twoshot(const void *x, void *out, const CommState *state, void *region,
+                            uint64_t region_offset, uint64_t capacity, uint64_t n,
+                            const CallInfo &info) {
+  LLCall<W> c(state, region, info);
+  const uint64_t words = (n * sizeof(T) + 3) / 4;
+  const uint64_t shard = (words + W - 1) / W;
+  const uint64_t half = capacity / 2;
+  if (announce<W>(c.epoch)) {
+    const BlockState &block = block_state();
+    c.begin(block, region, region_offset, capacity);
+    for (uint64_t j = c.first; j < shard; j += c.stride) {
+#pragma unroll
+      for (int q = 0; q < W; ++q) {
+        const uint64_t i = q * shard + j;
+        push_packet(c.to[q] + j, i < words ? input_word<T>(x, n, i) : 0u, c.flag);
+      }
+    }
+    ll_reader_delay(block.rank == W - 1);
+    uint32_t v[W] = {};
+    bool other = false, arrived = true;
+    if (c.first < shard) arrived = take_word<W>(c.s, c.from, c.first, c.flag, info, v, other);
+    if (confirm<W>(c.s, c.epoch, info, arrived)) {
+      bool ok = true;
+      for (uint64_t j = c.first; j < shard && ok; j += c.stride) {
+        if (j != c.first) ok = take_word<W>(c.s, c.from, j, c.flag, info, v, other);
+        if (!ok) break;
+        const uint32_t sum = sum_word<T, W>(v);
+#pragma unroll
+        for (int q = 0; q < W; ++q) push_packet(c.to[q] + half + j, sum, c.flag);
+      }
+      for (uint64_t j = c.first; j < shard && ok; j += c.stride) {
+        ok = take_word<W>(c.s, c.from, half + j, c.flag, info, v, other);
+        if (!ok) break;
+#pragma unroll
+        for (int r = 0; r < W; ++r)
+          if (r * shard + j < words) write_word<T>(v[r], out, n, r * shard + j);
+      }
+      if (!__syncthreads_and(ok)) {
+        fail_call<W>(c.s, c.epoch, info, false, FlagWait{}, block.signals[block.rank], nullptr);
+      } else if (refresh_call(c.counts.count)) {
+        // Both halves of every source's segment, by the thread that takes
+        // their packets (the same j).
+        uint64_t *mine = const_cast<uint64_t *>(c.from[0]);
+        for (uint64_t j = c.first; j < half; j += c.stride)
+#pragma unroll
+          for (int r = 0; r < W; ++r) {
+            store_packet(mine + r * capacity + j, 0);
+            store_packet(mine + r * capacity + half + j, 0);
+          }
+      }
+    }
+  }
+  c.end();
 }
 
 }  // namespace pyar

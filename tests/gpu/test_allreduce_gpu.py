@@ -3,11 +3,11 @@ API), every rank on GPU 0 under MPS on the one-GPU machine.
 
 Each test runs one scenario of tests/mpi/allreduce_*.py under mpirun
 (tests.mpi_launch.run_scenario); a scenario covers fp32/fp16/bf16 and both
-algorithms itself (and LL, forced only, at sizes within LL_MAX_BYTES), to keep
-the number of mpirun launches down, checks every result on every rank, exits
-non-zero on every rank when any check failed, and prints summary rows (test,
-world, algo, dtype, calls, mismatches, ...) that the test asserts on and the
-GPU runner tabulates.
+algorithms itself (and the LL one-shot and two-shot, forced only, at sizes
+within their limits), to keep the number of mpirun launches down, checks
+every result on every rank, exits non-zero on every rank when any check
+failed, and prints summary rows (test, world, algo, dtype, calls,
+mismatches, ...) that the test asserts on and the GPU runner tabulates.
 """
 import pytest
 
@@ -25,10 +25,12 @@ WORLDS = [2, 3, 4, 8]
 # calls before 2**32, so the scenario's barriers compare epochs across the wrap.
 WRAP = [False, True]
 WRAP_IDS = ["epochs-from-zero", "across-epoch-wrap"]
-# The barrier-free LL one-shot, forced only: every correctness scenario runs it at
-# sizes it takes (up to LL_MAX_BYTES = 256 KiB).
+# The barrier-free LL one-shot and two-shot, forced only: every correctness scenario
+# runs them at sizes they take (up to LL_MAX_BYTES = 256 KiB for the one-shot, world/2
+# times that for the two-shot: pyar.comm.plan.ll_largest).
 ALGOS = ("oneshot", "twoshot")
-WITH_LL = ALGOS + ("ll",)
+LL_ALGOS = ("ll", "ll_twoshot")
+WITH_LL = ALGOS + LL_ALGOS
 
 
 @pytest.mark.parametrize("wrap", WRAP, ids=WRAP_IDS)
@@ -36,9 +38,10 @@ WITH_LL = ALGOS + ("ll",)
 def test_probe_all_ones(world, wrap):
     """Every rank's input is all ones -> every element of every call equals
     the world size exactly: 50 calls per (dtype, algo, size), sizes 1, 7, 4095,
-    2**20 + 3 (LL: the largest odd count within 256 KiB instead), each into
-    an output poisoned with NaN just before; with ``wrap``
-    each size starts 25 calls before the epochs reach 2**32."""
+    2**20 + 3 (LL one-shot and two-shot: the largest odd count each takes at
+    this world size instead), each into an output poisoned with NaN just
+    before; with ``wrap`` each size starts 25 calls before the epochs reach
+    2**32."""
     args, test = (("wrap",), "probe-wrap") if wrap else ((), "probe")
     rows = rows_of(scenario("allreduce_probe", world, *args), test)
     assert {(r["dtype"], r["algo"]) for r in rows} == {
@@ -52,14 +55,14 @@ def test_probe_all_ones(world, wrap):
 def test_random_inputs(world):
     """Random per-rank inputs against a float64 reference with a per-dtype
     tolerance; sizes 1, 7, 4095, 2**20 + 3, and around and over a 1 MiB
-    scratch buffer (chunked), the largest odd count LL takes; staged/registered,
-    out of place/in place, one-shot/two-shot/auto/LL (where it takes the
-    size); bitwise identical across ranks, ways and
-    algorithms; out-of-place inputs unchanged."""
+    scratch buffer (chunked), the largest odd count each LL algorithm takes;
+    staged/registered, out of place/in place, one-shot/two-shot/auto/LL
+    one-shot/LL two-shot (where they take the size); bitwise identical across
+    ranks, ways and algorithms; out-of-place inputs unchanged."""
     rows = rows_of(scenario("allreduce_random", world, timeout=420), "random")
     assert {(r["dtype"], r["algo"]) for r in rows} == {
         (d, a) for d in ("float32", "float16", "bfloat16")
-        for a in ("oneshot", "twoshot", "auto", "ll")}
+        for a in ("oneshot", "twoshot", "auto") + LL_ALGOS}
     for row in rows:
         assert row["calls"] > 0, row
         assert row["mismatches"] == 0, row
@@ -74,17 +77,19 @@ def test_adversarial_write_after_read(world, wrap):
     """The seeds' bug provoked: 1000 calls per (dtype, algo, variant), queued
     50 at a time with no host sync; every caller overwrites its input with NaN
     right after each call while random ranks are delayed or disturbed; staged
-    and registered inputs; then LL, 500 calls per dtype of its largest input
-    (read in place: "unstaged").  Zero mismatches.  With ``wrap``: fp32 only, each
+    and registered inputs; then the LL one-shot and two-shot, 500 calls per
+    dtype each of its largest input at this world size (read in place:
+    "unstaged").  Zero mismatches.  With ``wrap``: fp32 only, each
     (algo, variant) starting 300 calls before the epochs reach 2**32."""
     mode, test = ("wrap", "adversarial-wrap") if wrap else ("main", "adversarial")
     rows = rows_of(scenario("allreduce_adversarial", world, mode, timeout=420), test)
     dtypes = ("float32",) if wrap else ("float32", "float16", "bfloat16")
     assert {(r["dtype"], r["algo"], r["variant"]) for r in rows} == {
         (d, a, v) for d in dtypes for a in ALGOS
-        for v in ("staged", "registered")} | {(d, "ll", "unstaged") for d in dtypes}
+        for v in ("staged", "registered")} | {
+        (d, a, "unstaged") for d in dtypes for a in LL_ALGOS}
     for row in rows:
-        assert row["calls"] >= (500 if row["algo"] == "ll" else 1000), row
+        assert row["calls"] >= (500 if row["algo"] in LL_ALGOS else 1000), row
         assert row["mismatches"] == 0, row
 
 
@@ -184,7 +189,8 @@ def test_timeout_and_debug_mismatch(world):
     ranks on every rank, before any kernel runs.  Communicator(timeout=2.0):
     when the last rank skips a call, every other rank's synchronize raises
     CollectiveTimeout within timeout + 10 s naming exactly that rank, later
-    calls raise too, and every process exits cleanly (one-shot, two-shot and LL)."""
+    calls raise too, and every process exits cleanly (one-shot, two-shot, and
+    the LL one-shot and two-shot)."""
     rows = scenario("allreduce_failures", world, timeout=240,
                     env={"PYAR_DEBUG": "1", "PYAR_TIMEOUT": "30"})
     mismatch = rows_of(rows, "debug-mismatch")[0]

@@ -11,7 +11,7 @@ from tests.gpu.scenarios import rows_of, scenario
 pytestmark = pytest.mark.gpu
 
 CASES = {"elements", "elements-far", "chunks", "dtype", "algorithm", "ll-elements",
-         "ll-algorithm", "registered",
+         "ll-algorithm", "ll_twoshot-elements", "ll_twoshot-algorithm", "registered",
          "quantization", "split-rows", "operation"}
 
 
@@ -19,8 +19,9 @@ CASES = {"elements", "elements-far", "chunks", "dtype", "algorithm", "ll-element
 def test_mismatched_calls_raise_on_every_rank(world):
     """The last rank passes 4097 instead of 4096 elements, 2**20 + 3, float16
     instead of float32, one-shot instead of two-shot, LL 4097 instead of 4096
-    elements, LL instead of two-shot, a staged instead of a
-    registered input, FP8 quantization in a fused call, reduce_scatter instead
+    elements, LL instead of two-shot, LL two-shot 4097 instead of 4096
+    elements, LL two-shot instead of LL, a staged instead of a registered
+    input, FP8 quantization in a fused call, reduce_scatter instead
     of allreduce: every rank raises MismatchError before the 5 s timeout
     naming every rank's call, every output keeps its NaN sentinel and every
     input its contents, close() returns, and a new communicator sums exactly."""

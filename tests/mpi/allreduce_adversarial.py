@@ -20,9 +20,11 @@ overwrite is the hazard).
 
 Modes:
   main              one-shot and two-shot, fp32/fp16/bf16, both variants,
-                    CALLS calls each; then LL (which reads its input in place,
-                    never staged nor registered: variant "unstaged") at LL_LEVEL,
-                    LL_CALLS calls per dtype; every mismatch fails the scenario.
+                    CALLS calls each; then the LL one-shot and two-shot (which
+                    read their input in place, never staged nor registered:
+                    variant "unstaged"), each at ll_level (its largest input at
+                    this world size), LL_CALLS calls per dtype; every mismatch
+                    fails the scenario.
   control PATH      the positive control: one-shot only, on a Communicator
                     whose code object PATH was built without the exit barrier
                     (PYAR_TEST_SKIP_EXIT_BARRIER), with a 1 s timeout.  Runs
@@ -39,8 +41,9 @@ Modes:
   wrap              main's calls, fp32 only, each (algo, variant) starting with
                     the epochs WRAP_BEFORE calls before 2**32 (start_epochs_at):
                     every block crosses the 32-bit wrap under the adversarial load.
-  control-ll PATH   LL's positive control: fp32 at LL_LEVEL on a Communicator whose
-                    code object PATH was built with one LL generation for every call
+  control-ll PATH   LL's positive control, the one-shot's: fp32 at LL_LEVEL on a
+                    Communicator whose code object PATH was built with one LL
+                    generation for every call
                     (PYAR_TEST_LL_MUTATION=kLLOneGeneration), so a fast rank's next
                     call stores over packets a slow peer has not taken yet: the peer
                     sums the next call's data or waits for packets that never come
@@ -72,8 +75,8 @@ from mpi4py import MPI
 import pyar
 from pyar import _hip
 from allreduce_common import (
-    ALGOS, DTYPES, LL, LL_MAX_BYTES, NAN_WORD, bits, describe_difference, exact_sum, rng, run,
-    small_integers, start_epochs_at,
+    ALGOS, DTYPES, LL, LL_ALGOS, NAN_WORD, bits, describe_difference, exact_sum, ll_bytes, rng,
+    run, small_integers, start_epochs_at,
 )
 from tests.gpu_kernels import GpuTestKernels
 from tests.mpi_launch import control_build
@@ -107,14 +110,22 @@ CONTROL_LEVELS = (
     Level(2 << 20, 0.5, 200, 0.5, 300, 4),
     Level(4 << 20, 0.5, 300, 0.8, 500, 16),
 )
-# LL's: MAIN_LEVEL's disturbance with the largest input LL takes (the tail included).
-LL_LEVEL = Level(LL_MAX_BYTES - 16, 0.3, 200, 0.2, 200, 1)
-LL_CALLS = 500          # per dtype in main mode (fp32 only with wrap)
+# LL's: MAIN_LEVEL's disturbance with the largest input LL takes (the tail included);
+# ll_level gives each LL algorithm's at a world size.
+LL_LEVEL = Level(ll_bytes(LL, 1) - 16, 0.3, 200, 0.2, 200, 1)
+LL_CALLS = 500          # per (dtype, LL algorithm) in main mode (fp32 only with wrap)
 CONTROL_CALLS = 1000    # per (level, dtype, variant), ending at the first mismatch
 CONTROL_SECONDS = 150   # overall budget of the control
 CONTROL_TIMEOUT = 1.0   # seconds; legitimate waits here last well under a millisecond
 WRAP_BEFORE = 300       # wrap mode: calls before the epochs reach 2**32
 START_DELAY_US = 300    # control-start: the last rank's delay before each call
+
+
+def ll_level(algo, world):
+    """LL_LEVEL's disturbance with the largest input LL ``algo`` takes on
+    ``world`` ranks (the two-shot's grows with the world), the tail included."""
+    return Level(ll_bytes(algo, world) - 16, LL_LEVEL.delay_p, LL_LEVEL.delay_us,
+                 LL_LEVEL.noise_p, LL_LEVEL.noise_us, LL_LEVEL.noise_per_sm)
 
 
 # How many call numbers each communicator's kernels have taken: the kernel
@@ -241,11 +252,13 @@ def main_mode(sc, wrap=False):
                 if wrap:
                     start_epochs_at(comm, 2**32 - WRAP_BEFORE)
                 report_rounds(sc, work, algo, variant, wrap, CALLS)
-        ll_work = Workload(sc, comm, kernels, streams, dtype, LL_LEVEL, (d, 1), ("unstaged",))
-        if wrap:
-            start_epochs_at(comm, 2**32 - WRAP_BEFORE)
-        report_rounds(sc, ll_work, LL, "unstaged", wrap, LL_CALLS)
-        del ll_work
+        for a, algo in enumerate(LL_ALGOS):
+            ll_work = Workload(sc, comm, kernels, streams, dtype, ll_level(algo, sc.world),
+                               (d, 1 + a), ("unstaged",))
+            if wrap:
+                start_epochs_at(comm, 2**32 - WRAP_BEFORE)
+            report_rounds(sc, ll_work, algo, "unstaged", wrap, LL_CALLS)
+            del ll_work
     comm.close()
 
 

@@ -29,14 +29,16 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from pyar.comm.algorithms import LL, LL_MAX_BYTES  # noqa: E402
+from pyar.comm import plan  # noqa: E402
+from pyar.comm.algorithms import LL, LL_MAX_BYTES, LL_TWOSHOT  # noqa: E402
 from tests.mpi_launch import report as _report  # noqa: E402
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 ALGOS = ("oneshot", "twoshot")
-# The barrier-free LL one-shot, forced only and refused above LL_MAX_BYTES (or
-# max_size when smaller): the scenarios run it too, at sizes within that limit.
-WITH_LL = ALGOS + (LL,)
+# The barrier-free LL one-shot and two-shot, forced with algo= and refused above
+# their largest input (ll_bytes): the scenarios run them too, within that limit.
+LL_ALGOS = (LL, LL_TWOSHOT)
+WITH_LL = ALGOS + LL_ALGOS
 NAN_BYTE = 0xFF  # 0xff.. is a NaN in fp32, fp16 and bf16
 NAN_WORD = 0xFFFFFFFF
 SEED = 20261202 ^ int(os.environ.get("PYAR_TEST_SEED", "0"))
@@ -50,10 +52,17 @@ def bits(array):
     return np.ascontiguousarray(array).view(_UNSIGNED[array.dtype.itemsize])
 
 
-def ll_largest(dtype):
-    """The largest odd element count of ``dtype`` that LL takes (within
-    LL_MAX_BYTES; every scenario's max_size is at least that)."""
-    return (LL_MAX_BYTES // dtype.itemsize - 1) | 1
+def ll_bytes(algo, world, max_size=LL_MAX_BYTES):
+    """The largest input LL ``algo`` takes on ``world`` ranks of a communicator
+    made with ``max_size`` (the one-shot: a segment, LL_MAX_BYTES or max_size
+    when smaller; the two-shot: ``world`` halves of one)."""
+    return plan.ll_largest(algo, plan.ll_segment(max_size), world)
+
+
+def ll_largest(dtype, algo, world):
+    """The largest odd element count of ``dtype`` that LL ``algo`` takes on
+    ``world`` ranks (every scenario's max_size is at least LL_MAX_BYTES)."""
+    return (ll_bytes(algo, world) // dtype.itemsize - 1) | 1
 
 
 def rng(*key):

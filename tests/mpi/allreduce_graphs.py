@@ -11,8 +11,9 @@ replay [PATH]   A graph of K steps [producer copies a fresh input into the one
                 comm.capture()'s exit exchanges its handle.  With PATH (a code
                 object built without the exit barrier) this is the positive
                 control: one-shot, mismatches reported, never failed for.
-                Without PATH LL is replayed too, LL_REPLAYS times at the
-                largest slot it takes.
+                Without PATH the LL one-shot and two-shot are replayed too,
+                LL_REPLAYS times each at the largest slot it takes at this
+                world size.
 lagged PATH     replay's checked configurations with PATH's kernels (a build
                 whose rank 1 lags after the start barrier, exit barrier in
                 place): every y_k exact.
@@ -31,7 +32,7 @@ from mpi4py import MPI
 import pyar
 from pyar import _hip
 from allreduce_common import (
-    ALGOS, DTYPES, LL, LL_MAX_BYTES, NAN_WORD, bits, describe_difference, exact_sum, normal,
+    ALGOS, DTYPES, LL_ALGOS, NAN_WORD, bits, describe_difference, exact_sum, ll_bytes, normal,
     rng, run, small_integers,
 )
 from tests.gpu_kernels import GpuTestKernels
@@ -40,8 +41,7 @@ K = 8                  # all-reduces per graph, all through one input slot
 REPLAYS = 125          # K * REPLAYS = 1000 calls per configuration
 PATTERNS = 4
 SLOT_BYTES = 256 << 10
-LL_SLOT_BYTES = LL_MAX_BYTES - 16  # with the tail, the most LL takes
-LL_REPLAYS = 50        # K * LL_REPLAYS = 400 LL calls per dtype
+LL_REPLAYS = 50        # K * LL_REPLAYS = 400 calls per (dtype, LL algorithm)
 # The control's (slot bytes, noise) by world size; noise is (p, us, blocks per SM) of
 # the spin kernels.  At 4 and 8 ranks an 8 MiB slot and heavy noise find a wrong sum in
 # 8-1432 calls on the H200.  At 2 ranks sharing a GPU each rank has one block a
@@ -90,8 +90,12 @@ def slot_graph(sc, comm, kernels, stream, dtype, algo, key, slot_bytes):
 def replay_config(sc, comm, kernels, streams, dtype, algo, key, deadline=None):
     control = deadline is not None
     stream, noise_stream = streams
-    slot_bytes, noise = (CONTROL.get(sc.world, CONTROL_OTHER_WORLDS) if control
-                         else (LL_SLOT_BYTES if algo == LL else SLOT_BYTES, NOISE))
+    if control:
+        slot_bytes, noise = CONTROL.get(sc.world, CONTROL_OTHER_WORLDS)
+    elif algo in LL_ALGOS:  # with the tail, the most it takes
+        slot_bytes, noise = ll_bytes(algo, sc.world) - 16, NOISE
+    else:
+        slot_bytes, noise = SLOT_BYTES, NOISE
     graph, patterns, expected, sources, outs, x = slot_graph(
         sc, comm, kernels, stream, dtype, algo, key, slot_bytes)
     noise_p, noise_us, noise_per_sm = noise
@@ -101,7 +105,7 @@ def replay_config(sc, comm, kernels, streams, dtype, algo, key, deadline=None):
     nbytes = x.nbytes
     calls = wrong = 0
     details = 0
-    for _ in range(LL_REPLAYS if algo == LL else REPLAYS):
+    for _ in range(LL_REPLAYS if algo in LL_ALGOS else REPLAYS):
         chosen = [int(j) for j in shared.integers(PATTERNS, size=K)]
         for k, j in enumerate(chosen):
             _hip.memcpy_dtod(sources[k].ptr, patterns[j].ptr, nbytes, stream)
@@ -138,7 +142,7 @@ def replay_mode(sc, kernels_path=None, control=False):
         test = "graph-replay" if kernels_path is None else "graph-lagged"
         for d, dtype in enumerate(DTYPES):
             # LL has no start barrier for the lagged build to delay after.
-            for a, algo in enumerate(ALGOS + (() if kernels_path else (LL,))):
+            for a, algo in enumerate(ALGOS + (() if kernels_path else LL_ALGOS)):
                 calls, wrong = replay_config(sc, comm, kernels, streams, dtype, algo, (d, a))
                 sc.check(wrong == 0, f"{dtype.name} {algo}: {wrong} of {calls} graph "
                                      "results were wrong")

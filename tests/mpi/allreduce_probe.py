@@ -1,9 +1,10 @@
 """Deterministic probe: every rank's input is all ones, so every element of
 every call's result must equal the world size exactly.
 
-For each dtype (fp32, fp16, bf16), algorithm (one-shot, two-shot, LL) and
-size (1, 7, 4095, 2**20 + 3 elements; for LL, whose limit is LL_MAX_BYTES,
-the largest odd count within it instead of 2**20 + 3): CALLS calls, queued BATCH at a time on one
+For each dtype (fp32, fp16, bf16), algorithm (one-shot, two-shot, the LL
+one-shot and two-shot) and size (1, 7, 4095, 2**20 + 3 elements; for the LL
+algorithms, which take at most ll_bytes(algo, world), the largest odd count
+within that instead of 2**20 + 3): CALLS calls, queued BATCH at a time on one
 stream into distinct outputs that were overwritten with NaN just before the
 call (so a call that wrote nothing, or only part, cannot pass on a previous
 call's result).  The input must be unchanged afterwards.
@@ -18,7 +19,8 @@ from mpi4py import MPI
 
 import pyar
 from allreduce_common import (
-    DTYPES, LL, WITH_LL, bits, describe_difference, ll_largest, poison, run, start_epochs_at,
+    DTYPES, LL_ALGOS, WITH_LL, bits, describe_difference, ll_largest, poison, run,
+    start_epochs_at,
 )
 
 SIZES = (1, 7, 4095, (1 << 20) + 3)
@@ -26,8 +28,10 @@ CALLS = 50
 BATCH = 10
 
 
-def sizes(dtype, algo):
-    return SIZES[:-1] + (ll_largest(dtype),) if algo == LL else SIZES
+def sizes(dtype, algo, world):
+    if algo in LL_ALGOS:
+        return SIZES[:-1] + (ll_largest(dtype, algo, world),)
+    return SIZES
 
 
 def main(sc):
@@ -37,7 +41,7 @@ def main(sc):
         for dtype in DTYPES:
             for algo in WITH_LL:
                 calls = mismatches = 0
-                for n in sizes(dtype, algo):
+                for n in sizes(dtype, algo, sc.world):
                     ones = np.ones(n, dtype)
                     x = pyar.asarray(ones, stream=stream)
                     outs = [pyar.empty((n,), dtype, stream=stream) for _ in range(BATCH)]
@@ -62,7 +66,7 @@ def main(sc):
                 total = sc.sum(mismatches)
                 sc.report(test="probe-wrap" if wrap else "probe", algo=algo,
                           dtype=dtype.name, calls=calls, mismatches=total,
-                          sizes=list(sizes(dtype, algo)))
+                          sizes=list(sizes(dtype, algo, sc.world)))
 
 
 if __name__ == "__main__":

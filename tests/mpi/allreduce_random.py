@@ -5,22 +5,24 @@ can check its result against a float64 reference of the whole sum.
 Per dtype and size, every input is all-reduced in four ways -- staged out of
 place, staged in place (out=x), registered (comm.register) out of place,
 registered in place (two-shot and auto only: one-shot refuses it) -- by
-one-shot, two-shot, auto and LL (where LL takes the size: up to LL_MAX_BYTES,
-or max_size when smaller).  Required:
+one-shot, two-shot, auto and the LL one-shot and two-shot (where they take
+the size: up to ll_bytes(algo, world, max_size)).  Required:
 - each result is within the dtype's tolerance of the float64 reference:
   |y - ref| <= (W * eps_fp32 + eps_dtype) * sum_r |x_r| (+ the smallest
   subnormal), from fp32 accumulation over W addends and one final rounding;
-- all ways and algorithms give bitwise-identical results (every kernel sums
+- all ways and algorithms give bitwise-identical results, equal to staged
+  one-shot's (every kernel, the LL two-shot's shard owners included, sums
   in rank order 0..W-1 in fp32 and rounds once);
 - every rank's result is bitwise identical (an allgather of hashes);
 - out-of-place calls leave their input unchanged.
 Also counted (reported, not required): results that differ from a host
 emulation of that order (fp32 adds in rank order, one rounding to the dtype).
 
-Sizes: 1, 7, 4095, the largest odd count LL takes and 2**20 + 3 elements on
-a communicator with the default scratch buffer, then on one with max_size =
-1 MiB: one element under the scratch size, exactly the scratch size, one over
-(two chunks) and 3 scratch sizes + 5 (four chunks, the last of 5 elements).
+Sizes: 1, 7, 4095, the largest odd count each LL algorithm takes at this
+world size and 2**20 + 3 elements on a communicator with the default scratch
+buffer, then on one with max_size = 1 MiB: one element under the scratch
+size, exactly the scratch size, one over (two chunks) and 3 scratch sizes + 5
+(four chunks, the last of 5 elements).
 
 Usage: allreduce_random.py
 """
@@ -32,21 +34,23 @@ from mpi4py import MPI
 
 import pyar
 from allreduce_common import (
-    DTYPES, LL, LL_MAX_BYTES, bits, describe_difference, ll_largest, normal, run,
+    DTYPES, LL_ALGOS, bits, describe_difference, ll_bytes, ll_largest, normal, run,
 )
 
 ITERATIONS = 2
 SMALL_SCRATCH = 1 << 20
 VARIANTS = ("staged", "staged-inplace", "registered", "registered-inplace")
-ALGOS = ("oneshot", "twoshot", "auto", LL)
+ALGOS = ("oneshot", "twoshot", "auto") + LL_ALGOS
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-def default_sizes(dtype):
-    return (1, 7, 4095, ll_largest(dtype), (1 << 20) + 3)
+def default_sizes(dtype, world):
+    # At 2 ranks both LL algorithms take the same largest input.
+    largest = sorted({ll_largest(dtype, algo, world) for algo in LL_ALGOS})
+    return (1, 7, 4095, *largest, (1 << 20) + 3)
 
 
-def scratch_sizes(dtype):
+def scratch_sizes(dtype, world):
     s = SMALL_SCRATCH // dtype.itemsize
     return (s - 1, s, s + 1, 3 * s + 5)
 
@@ -97,7 +101,8 @@ def reduce_with(sc, comm, stream, variant, algo, mine, registered):
 def run_size(sc, comm, stream, dtype, n, config, stats, registered):
     world = sc.world
     scale, floor = tolerance_scale(dtype, world)
-    ll_takes = n * dtype.itemsize <= min(LL_MAX_BYTES, comm.max_size)
+    ll_takes = {algo: n * dtype.itemsize <= ll_bytes(algo, world, comm.max_size)
+                for algo in LL_ALGOS}
     for it in range(ITERATIONS):
         inputs = [normal(dtype, n, config, it, r) for r in range(world)]
         mine = inputs[sc.rank]
@@ -120,7 +125,7 @@ def run_size(sc, comm, stream, dtype, n, config, stats, registered):
             for algo in ALGOS:
                 if variant == "registered-inplace" and algo == "oneshot":
                     continue
-                if algo == LL and not ll_takes:
+                if algo in ll_takes and not ll_takes[algo]:
                     continue
                 what = f"random {dtype.name} n={n} it={it} {variant} {algo}"
                 row = stats.row(dtype, algo)
@@ -179,7 +184,7 @@ def main(sc):
         stream = pyar.Stream()
         registered = {}  # kept alive until the communicator is closed
         for dtype in DTYPES:
-            for n in sizes(dtype):
+            for n in sizes(dtype, sc.world):
                 config += 1
                 run_size(sc, comm, stream, dtype, n, config, stats, registered)
         comm.close()

@@ -4,21 +4,23 @@ reads a peer's data, hangs or gets a silently wrong result.
 
 main  For each case, on a fresh Communicator(timeout=TIMEOUT, debug=False),
       the last rank makes a call that differs from the others' in one way:
-        elements       4096 against 4097 elements (all-reduce, two-shot)
-        elements-far   4096 against 2**20 + 3 (chunked there: other grids too)
-        chunks         2**20 against 2**21 elements, a call of two chunks of 2**20
-                       (the 4 MiB scratch): its first launch has the others' count,
-                       and only "more chunks follow" tells them apart
-        dtype          float32 against float16
-        algorithm      two-shot against one-shot
-        ll-elements    LL 4096 against 4097 elements
-        ll-algorithm   two-shot against LL
-        registered     a registered input against a staged one
-        quantization   allreduce_rmsnorm one-stage without and with FP8
-        split-rows     allreduce_rmsnorm split, 4 rows against 5: kernel A records
-                       the disagreement, and kernel B (which waits for no peer)
-                       must write nothing either, y nor the residual in place
-        operation      allreduce against reduce_scatter
+        elements             4096 against 4097 elements (all-reduce, two-shot)
+        elements-far         4096 against 2**20 + 3 (chunked there: other grids too)
+        chunks               2**20 against 2**21 elements, a call of two chunks of 2**20
+                             (the 4 MiB scratch): its first launch has the others' count,
+                             and only "more chunks follow" tells them apart
+        dtype                float32 against float16
+        algorithm            two-shot against one-shot
+        ll-elements          LL 4096 against 4097 elements
+        ll-algorithm         two-shot against LL
+        ll_twoshot-elements  LL two-shot 4096 against 4097 elements
+        ll_twoshot-algorithm LL against LL two-shot
+        registered           a registered input against a staged one
+        quantization         allreduce_rmsnorm one-stage without and with FP8
+        split-rows           allreduce_rmsnorm split, 4 rows against 5: kernel A records
+                             the disagreement, and kernel B (which waits for no peer)
+                             must write nothing either, y nor the residual in place
+        operation            allreduce against reduce_scatter
       Every output is filled with NaN bytes beforehand.  Required on every
       rank: synchronize() raises pyar.MismatchError before the timeout,
       naming every rank's call as the host encoded it ("rank 0: allreduce
@@ -147,6 +149,13 @@ CASES = {
                     "allreduce ll 4097 x float32 unstaged"),
     "ll-algorithm": (allreduce_case(algo_last="ll"), STAGED_4096,
                      "allreduce ll 4096 x float32 unstaged"),
+    "ll_twoshot-elements": (allreduce_case(n_last=N + 1, algo="ll_twoshot",
+                                           algo_last="ll_twoshot"),
+                            "allreduce ll_twoshot 4096 x float32 unstaged",
+                            "allreduce ll_twoshot 4097 x float32 unstaged"),
+    "ll_twoshot-algorithm": (allreduce_case(algo="ll", algo_last="ll_twoshot"),
+                             "allreduce ll 4096 x float32 unstaged",
+                             "allreduce ll_twoshot 4096 x float32 unstaged"),
     "registered": (registered, "allreduce twoshot 4096 x float32 registered",
                    STAGED_4096),
     "quantization": (quantization,

@@ -22,7 +22,7 @@
 // (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | ll | onestage | twostage | split | reducescatter |
+//   KERNEL     oneshot | twoshot | ll | ll_twoshot | onestage | twostage | split | reducescatter |
 //              allgather, or several joined by '+' that take turns call by
 //              call (twoshot+twostage: two kernels sharing the partial region
 //              back to back)
@@ -183,6 +183,7 @@ const std::map<std::string, void *> &entries() {
       PYAR_NAMED_TYPES(pyar_allreduce_one_shot),
       PYAR_NAMED_TYPES(pyar_allreduce_two_shot),
       PYAR_NAMED_TYPES(pyar_allreduce_ll),
+      PYAR_NAMED_TYPES(pyar_allreduce_ll_two_shot),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_one_stage),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_two_stage),
       PYAR_NAMED_SPLIT(pyar_allreduce_rmsnorm_split),
@@ -247,6 +248,7 @@ struct Options {
     return k == "onestage" || k == "twostage" || k == "split";
   }
   static bool sharded(const std::string &k) { return k == "reducescatter" || k == "allgather"; }
+  static bool ll(const std::string &k) { return k == "ll" || k == "ll_twoshot"; }
   bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
   const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
   uint64_t elements_of(uint64_t call) const {
@@ -296,10 +298,10 @@ Options parse(int argc, char **argv) {
     const size_t plus = std::min(o.kernel.find('+', first), o.kernel.size());
     o.kernels.push_back(o.kernel.substr(first, plus - first));
     const std::string &k = o.kernels.back();
-    if (k != "oneshot" && k != "twoshot" && k != "ll" && !Options::fused(k) &&
+    if (k != "oneshot" && k != "twoshot" && !Options::ll(k) && !Options::fused(k) &&
         !Options::sharded(k))
-      usage("KERNEL is oneshot, twoshot, ll, onestage, twostage, split, reducescatter or "
-            "allgather, or several joined by '+', not " + o.kernel);
+      usage("KERNEL is oneshot, twoshot, ll, ll_twoshot, onestage, twostage, split, "
+            "reducescatter or allgather, or several joined by '+', not " + o.kernel);
     first = plus + 1;
   }
   if (o.world < 2 || o.world > uint32_t(pyar::kMaxRanks)) usage("WORLD is 2..8");
@@ -362,9 +364,14 @@ Options parse(int argc, char **argv) {
   if (o.large_every == 0) usage("--large-every is 1 or more");
   if (o.ll_count_bits && (o.ll_count_bits < 3 || o.ll_count_bits > 16))
     usage("--ll-count-bits is 3..16");
-  const bool ll = std::count(o.kernels.begin(), o.kernels.end(), "ll") > 0;
-  if (ll && o.registered()) usage("the LL kernel reads its input in place: never registered");
-  if (ll && o.elements * 4 > o.max_size) usage("an LL call must fit --max-size");
+  const bool ll = std::any_of(o.kernels.begin(), o.kernels.end(), Options::ll);
+  if (ll && o.registered()) usage("the LL kernels read their input in place: never registered");
+  if (ll && o.elements * 4 > o.max_size) {
+    // plan.ll_largest: a segment of max_size / 4 packets; two-shot W halves of one
+    const bool one_shot = std::count(o.kernels.begin(), o.kernels.end(), "ll") > 0;
+    if (one_shot || o.elements * 4 > o.world * (o.max_size / 8) * 4)
+      usage("an LL call must fit --max-size (two-shot: world / 2 times it)");
+  }
   return o;
 }
 
@@ -385,7 +392,7 @@ uint64_t signature(const std::string &kernel, uint64_t count, const std::string 
                    bool registered, uint32_t variant) {
   static const std::map<std::string, uint64_t> operations = {
       {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4}, {"split", 5},
-      {"reducescatter", 6}, {"allgather", 7}, {"ll", 9}};
+      {"reducescatter", 6}, {"allgather", 7}, {"ll", 9}, {"ll_twoshot", 10}};
   const uint64_t dtype_code = dtype == "f32" ? 1 : dtype == "f16" ? 2 : 3;
   return count | operations.at(kernel) << 40 | dtype_code << 48 | uint64_t(registered) << 52 |
          uint64_t(variant) << 53;
@@ -540,7 +547,8 @@ struct Run {
   uint64_t signature_of(uint32_t rank, uint64_t c, const std::string &kernel,
                         uint64_t count) const {
     return signature(kernel, count + (o.disagrees(rank, c) ? 1 : 0), o.dtype,
-                     o.registered() && kernel != "ll", kernel == "reducescatter" && o.out == "f32");
+                     o.registered() && !Options::ll(kernel),
+                     kernel == "reducescatter" && o.out == "f32");
   }
 
   bool absent(const Rank &k, uint64_t call) const {
@@ -587,7 +595,7 @@ struct Run {
       delay(k, random);
       const bool done = Options::fused(kernel)     ? fused_call<T>(k, c, kernel)
                         : Options::sharded(kernel) ? shard_call<T>(k, c, kernel)
-                        : kernel == "ll"           ? ll_call<T>(k, c)
+                        : Options::ll(kernel)      ? ll_call<T>(k, c, kernel)
                                                    : allreduce_call<T>(k, c, kernel);
       if (!done)
         return;  // failed: the host raises CollectiveTimeout or MismatchError
@@ -596,22 +604,25 @@ struct Run {
   }
 
   // --- all-reduce: Communicator._allreduce_steps ---
-  // --- the LL all-reduce: plan.ll, one launch reading x in place ---
+  // --- the LL all-reduce (ll or ll_twoshot): plan.ll, one launch reading x in place ---
   template <typename T>
-  bool ll_call(Rank &k, uint64_t c) {
+  bool ll_call(Rank &k, uint64_t c, const std::string &name) {
     const uint64_t n = o.elements_of(c);
+    const bool two_shot = name == "ll_twoshot";
     const auto kernel = reinterpret_cast<LLEntry>(
-        entry("pyar_allreduce_ll_" + o.dtype + "_w" + std::to_string(o.world)));
+        entry((two_shot ? "pyar_allreduce_ll_two_shot_" : "pyar_allreduce_ll_") + o.dtype +
+              "_w" + std::to_string(o.world)));
     T *out = o.in_place ? k.x.as<T>() : k.out.as<T>();
     const bool skipped = c == o.disagree_call;  // as in allreduce_call
     if (skipped && !o.in_place) std::memset(k.out.data(), 0xff, k.out.packs.size() * 16);
     const std::vector<Pack16> before = (o.in_place ? k.x : k.out).packs;
-    const uint64_t words = (n * sizeof(T) + 3) / 4;
+    uint64_t words = (n * sizeof(T) + 3) / 4;
+    if (two_shot) words = (words + o.world - 1) / o.world;  // a shard's
     const uint64_t wanted = std::max<uint64_t>(1, (words + pyar::kThreads - 1) / pyar::kThreads);
     const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, wanted));
     const uint32_t first_chunk = k.call;
     const uint32_t call = k.call++;
-    const uint64_t sig = signature_of(k.rank, c, "ll", n);
+    const uint64_t sig = signature_of(k.rank, c, name, n);
     host::launch(blocks, pyar::kThreads, [&] {
       kernel(k.x.data(), out, &k.state, k.ll_region(o.max_size), o.max_size, ll_capacity(), n,
              timeout_ns, sig, call);
@@ -619,7 +630,7 @@ struct Run {
     ++k.chunks;
     return allreduce_result<T>(k, c, first_chunk, skipped, before, out, n,
                                [&](uint32_t rank, uint64_t) {
-                                 return signature_of(rank, c, "ll", n);
+                                 return signature_of(rank, c, name, n);
                                });
   }
 
