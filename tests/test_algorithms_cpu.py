@@ -76,10 +76,14 @@ TABLES = {
                                      6: 262144, 7: 262144, 8: 262144},
     "LAMPORT_MAX_BYTES": {2: 524288, 3: 262144, 4: 262144, 5: 131072, 6: 131072,
                           7: 131072, 8: 131072},
+    "LL_AUTO_MAX_BYTES": {2: 262144, 3: 131072, 4: 131072, 5: 32768, 6: 32768, 7: 32768,
+                          8: 32768},
 }
 CONSTANTS = {"ALGORITHMS": ("oneshot", "twoshot"), "FUSED_VARIANTS": ("onestage", "twostage"),
              "SPLIT": "split", "UNFUSED": "unfused", "LAMPORT": "lamport",
-             "WIDE_ROW_BYTES": 8192, "LAMPORT_SEGMENT_BYTES": 1048576}
+             "WIDE_ROW_BYTES": 8192, "LAMPORT_SEGMENT_BYTES": 1048576, "LL": "ll",
+             "LL_TWOSHOT": "ll_twoshot", "LL_ALGORITHMS": ("ll", "ll_twoshot"),
+             "LL_MAX_BYTES": 262144}
 
 
 def _tables():
