@@ -1,5 +1,5 @@
 """``--latency``: the forced algorithms side by side per size, against the
-floor of an empty kernel (issue 42's LL target).
+floor of an empty kernel (the LL latency target).
 
 Per size and mode (eager, graph) one row: one-shot, two-shot, LL
 (``algo="ll"``) and the LL two-shot (``algo="ll_twoshot"``, column

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from pyar import _hip
+from pyar.comm.algorithms import LL_ALGORITHMS
 from pyar.comm.kernels import QUANT_KIND_NAMES
 
 # failed_offset: where in the Signal the word split's second kernel reads
@@ -133,7 +134,7 @@ def describe_signature(value):
         return f"an unknown call (signature {value:#018x})"
     # LL reads its input in place, unregistered: no peer reads it.
     mode = ("registered" if s.registered
-            else "unstaged" if s.operation in ("ll", "ll_twoshot") else "staged")
+            else "unstaged" if s.operation in LL_ALGORITHMS else "staged")
     what = f"{s.elements} x {s.dtype.name} {mode}"
     if s.more:
         what += " (a chunk; more of the call follow)"

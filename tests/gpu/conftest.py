@@ -125,7 +125,7 @@ def _build_control_kernels(tmp_path_factory, name, defines):
 def kernels_without_exit_barrier(tmp_path_factory):
     """The kernels without the barrier after which peers stop reading a rank's input
     (PYAR_TEST_SKIP_EXIT_BARRIER: one-shot, one-stage, reduce_scatter and all_gather;
-    PYAR_TEST_SKIP_MID_BARRIER: two-stage), once per test session."""
+    PYAR_TEST_SKIP_MID_BARRIER: two-stage), once per pytest run."""
     return _build_control_kernels(tmp_path_factory, "control_kernels",
                                   CONTROL_BUILDS["control_kernels"])
 
@@ -133,7 +133,7 @@ def kernels_without_exit_barrier(tmp_path_factory):
 @pytest.fixture(scope="session")
 def kernels_with_a_lagging_rank(tmp_path_factory):
     """The shipped kernels with rank 1 reading 50 us after the start barrier
-    (PYAR_TEST_LAG_RANK), once per test session."""
+    (PYAR_TEST_LAG_RANK), once per pytest run."""
     return _build_control_kernels(tmp_path_factory, "lagging_kernels",
                                   CONTROL_BUILDS["lagging_kernels"])
 
@@ -141,15 +141,15 @@ def kernels_with_a_lagging_rank(tmp_path_factory):
 @pytest.fixture(scope="session")
 def lagging_kernels_without_exit_barrier(tmp_path_factory):
     """kernels_without_exit_barrier with rank 1 lagging like kernels_with_a_lagging_rank,
-    once per test session."""
+    once per pytest run."""
     return _build_control_kernels(tmp_path_factory, "lagging_control_kernels",
                                   CONTROL_BUILDS["lagging_control_kernels"])
 
 
 @pytest.fixture(scope="session")
 def kernels_without_start_barrier(tmp_path_factory):
-    """The kernels without the start barrier (PYAR_TEST_SKIP_PHASE=kStart), once per test
-    session."""
+    """The kernels without the start barrier (PYAR_TEST_SKIP_PHASE=kStart), once per pytest
+    run."""
     return _build_control_kernels(tmp_path_factory, "start_control_kernels",
                                   CONTROL_BUILDS["start_control_kernels"])
 
@@ -158,7 +158,7 @@ def kernels_without_start_barrier(tmp_path_factory):
 def kernels_keeping_lamport_data(tmp_path_factory):
     """The kernels whose lamport reader leaves every pack it took in its slot
     (PYAR_TEST_LAMPORT_KEEP_DATA=1): the slots' positive control, once per
-    test session."""
+    pytest run."""
     return _build_control_kernels(tmp_path_factory, "lamport_control_kernels",
                                   CONTROL_BUILDS["lamport_control_kernels"])
 
@@ -167,7 +167,7 @@ def kernels_keeping_lamport_data(tmp_path_factory):
 def kernels_with_one_ll_generation(tmp_path_factory):
     """The kernels whose LL all-reduce uses one generation of receive slots for
     every call (PYAR_TEST_LL_MUTATION=kLLOneGeneration), with the last rank a
-    lagging reader: LL's positive control, once per test session."""
+    lagging reader: LL's positive control, once per pytest run."""
     return _build_control_kernels(tmp_path_factory, "ll_control_kernels",
                                   CONTROL_BUILDS["ll_control_kernels"])
 
@@ -176,7 +176,7 @@ def kernels_with_one_ll_generation(tmp_path_factory):
 def ll_kernels_with_a_lagging_reader(tmp_path_factory):
     """The shipped LL all-reduce (two generations) with the last rank a lagging
     reader (PYAR_TEST_LL_READER_DELAY_NS): the load of LL's positive control,
-    which these kernels must pass, once per test session."""
+    which these kernels must pass, once per pytest run."""
     return _build_control_kernels(tmp_path_factory, "ll_lagging_kernels",
                                   CONTROL_BUILDS["ll_lagging_kernels"])
 
@@ -184,8 +184,8 @@ def ll_kernels_with_a_lagging_reader(tmp_path_factory):
 @pytest.fixture(scope="session")
 def kernels_ignoring_signatures(tmp_path_factory):
     """The kernels whose start barrier does not compare the ranks' call signatures
-    (PYAR_TEST_IGNORE_SIGNATURE=1): the mismatch tests' positive control, once per test
-    session."""
+    (PYAR_TEST_IGNORE_SIGNATURE=1): the mismatch tests' positive control, once per pytest
+    run."""
     return _build_control_kernels(tmp_path_factory, "signature_control_kernels",
                                   CONTROL_BUILDS["signature_control_kernels"])
 
@@ -194,7 +194,7 @@ def kernels_ignoring_signatures(tmp_path_factory):
 def kernels_staging_after_start(tmp_path_factory):
     """The kernels that copy a staged input into the scratch after their start barrier
     instead of before it (PYAR_TEST_STAGE_MUTATION=kStageAfterStart): the staging copy's
-    positive control, once per test session."""
+    positive control, once per pytest run."""
     return _build_control_kernels(tmp_path_factory, "stage_control_kernels",
                                   CONTROL_BUILDS["stage_control_kernels"])
 
