@@ -2,8 +2,8 @@
 (pyar/comm/shards.py), argument errors, and the host's plan of copies and
 launches checked end to end against a host model of the kernels.
 
-The model runs the kernels as PLAN.md section 2 specifies them (which
-elements each launch reads through the input table, where it writes), on
+The model runs the kernels as pyar/comm/shards.py and docs/api.md specify
+them (which elements each launch reads through the input table, where it writes), on
 one byte array standing for every rank's memory: W NodeCommunicators
 assembled over the stand-ins of tests/comm_stand_ins.py (each rank's scratch
 and state in its part of the array), staging copies recorded through a

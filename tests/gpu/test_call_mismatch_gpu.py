@@ -1,9 +1,9 @@
-"""Ranks that call different collectives without PYAR_DEBUG (PLAN.md section
-1): the kernels' start barrier compares the call signatures, every rank
-raises MismatchError naming every rank's call, nobody reads a peer's data
-or hangs.  One mpirun launch per world runs every case of
-tests/mpi/call_mismatch.py; its positive control runs against kernels built
-with the comparison compiled out."""
+"""Ranks that call different collectives without PYAR_DEBUG (docs/design.md, Call
+signatures and MismatchError): the kernels' start barrier compares the call
+signatures, every rank raises MismatchError naming every rank's call, nobody reads a
+peer's data or hangs. One mpirun launch per world runs every case of
+tests/mpi/call_mismatch.py; its positive control runs against kernels built with the
+comparison compiled out."""
 import pytest
 
 from tests.gpu.scenarios import rows_of, scenario

@@ -1,9 +1,8 @@
-"""reduce_scatter and all_gather on a real GPU (PLAN.md section 2), at world
-sizes 1 (copies), 2, 3, 4 and 8, every rank on GPU 0 under MPS on the one-GPU
-machine.  One mpirun launch per world runs tests/mpi/shard_collectives.py's random and
-adversarial modes together (a launch costs seconds under MPS); the positive
-control is a launch of its own against kernels built without the exit
-barrier."""
+"""reduce_scatter and all_gather on a real GPU (docs/api.md), at world sizes 1
+(copies), 2, 3, 4 and 8, every rank on GPU 0 under MPS on the one-GPU machine. One
+mpirun launch per world runs tests/mpi/shard_collectives.py's random and adversarial
+modes together (a launch costs seconds under MPS); the positive control is a launch of
+its own against kernels built without the exit barrier."""
 import pytest
 
 from tests.gpu.scenarios import rows_of, scenario

@@ -1,6 +1,6 @@
-"""Ranks that disagree on a call, without PYAR_DEBUG: the kernels' start
-barrier compares every rank's call signature (PLAN.md section 1) and nobody
-reads a peer's data, hangs or gets a silently wrong result.
+"""Ranks that disagree on a call, without PYAR_DEBUG: the kernels' start barrier
+compares every rank's call signature (docs/design.md, Call signatures and MismatchError)
+and nobody reads a peer's data, hangs or gets a silently wrong result.
 
 main  For each case, on a fresh Communicator(timeout=TIMEOUT, debug=False),
       the last rank makes a call that differs from the others' in one way:

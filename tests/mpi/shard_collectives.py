@@ -1,4 +1,4 @@
-"""reduce_scatter and all_gather on real GPUs (PLAN.md section 2).
+"""reduce_scatter and all_gather on real GPUs (docs/api.md).
 
 random   Per dtype and count (1, 4097, one over the scratch size, 2**20 + 3,
          and a multiple of 16 bytes times the world size (shards of one length),
