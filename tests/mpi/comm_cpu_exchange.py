@@ -185,7 +185,10 @@ class Unpicklable(Exception):
 
 
 def unpicklable_mode(sc):
-    # A hang is the failure here: the watchdog ends it with a stack dump.
+    # A hang is the failure here: the watchdog ends it with a stack dump.  It
+    # starts once every rank is here, so a peer slow to start under a loaded
+    # test run is not taken for a hang.
+    MPI.COMM_WORLD.Barrier()
     faulthandler.dump_traceback_later(float(os.environ.get("PYAR_HANG_SECONDS", "20")),
                                       exit=True)
 
