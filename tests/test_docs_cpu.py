@@ -25,7 +25,9 @@ A link to a file under benchmarks/results/ is checked like any other: the
 file must exist.
 
 Also: no source or documentation file of the repository cites the design
-document except as docs/design.md (the old top-level name is gone), and
+document except as docs/design.md (the old top-level name is gone) or a
+Markdown document by a name that no file of the repository has (WRITTEN_MD:
+the ones that runs write), and
 README.md stays short and opens with its two commands.  The checker is shown to report what it must
 (test_checker_reports_*).
 """
@@ -51,6 +53,9 @@ BUILD_OUTPUTS = ("pyar/_kernels/*.fatbin", "pyar/_kernels/*.hsaco",
 CITING_SUFFIXES = (".py", ".pyx", ".pxi", ".pxd", ".h", ".cu", ".cpp", ".c", ".md", ".sh")
 # The old name, spelt in two pieces so that this file does not cite it.
 OLD_DESIGN_NAME = "DESIGN" + ".md"
+# Markdown files that runs write, which sources may name.
+WRITTEN_MD = ("summary.md", "steps.md", "kernel_resources.md")
+MARKDOWN_NAME = re.compile(r"[A-Za-z0-9_-]+\.md\b")
 
 FIRST_COMMAND = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test,cuda,mpi]' && "
@@ -196,6 +201,14 @@ def old_design_citations(text, source):
     return found
 
 
+def unknown_markdown_citations(text, source, known):
+    """Every Markdown document that ``text`` names whose file name is not in
+    ``known``, as "source:line: name"."""
+    return [f"{source}:{number}: {name}"
+            for number, line in enumerate(text.splitlines(), 1)
+            for name in MARKDOWN_NAME.findall(line) if name not in known]
+
+
 def documentation_files():
     return ["README.md"] + sorted(
         os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, "docs", "*.md")))
@@ -250,6 +263,22 @@ def test_the_design_document_is_cited_as_docs_design_md():
     assert found == []
 
 
+def test_every_markdown_document_cited_exists():
+    """A source may cite a document by its name alone ("see PLAN.md section 2"),
+    which the link check does not read: that name must be a file of the repository."""
+    names = repository_files()
+    known = {os.path.basename(name) for name in names if name.endswith(".md")} | set(WRITTEN_MD)
+    found = []
+    for name in names:
+        if name.endswith(CITING_SUFFIXES) and name != THIS_FILE:
+            try:
+                text = read(name)
+            except UnicodeDecodeError:
+                continue
+            found += unknown_markdown_citations(text, name, known)
+    assert found == []
+
+
 def fenced_blocks(text):
     """The contents of a Markdown text's fenced code blocks, in order."""
     blocks, current = [], None
@@ -298,6 +327,12 @@ def test_checker_reports_broken_links_and_paths():
         "README.md: link ../../etc/passwd: no such file or folder",
         "README.md: code word examples/no_such_example.py: no such file or folder",
     ], problems
+
+
+def test_checker_reports_markdown_documents_the_repository_lacks():
+    text = "As PLAN.md section 2 says; see README.md and docs/design.md.\nNOTES.md too."
+    assert unknown_markdown_citations(text, "tests/x.py", {"README.md", "design.md"}) == [
+        "tests/x.py:1: PLAN.md", "tests/x.py:2: NOTES.md"]
 
 
 def test_checker_resolves_links_from_the_linking_file():
