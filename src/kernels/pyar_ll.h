@@ -84,10 +84,7 @@ PYAR_DEVICE uint32_t ll_count_bits() {
 // The lagging reader of PYAR_TEST_LL_READER_DELAY_NS (test builds only).
 PYAR_DEVICE void ll_reader_delay(bool lagging) {
 #if defined(PYAR_TEST_LL_READER_DELAY_NS)
-  if (!lagging || !PYAR_TEST_LL_READER_DELAY_NS) return;
-  const uint64_t until = now_ns() + uint64_t(PYAR_TEST_LL_READER_DELAY_NS);
-  while (now_ns() < until) {
-  }
+  if (lagging) busy_wait_ns(PYAR_TEST_LL_READER_DELAY_NS);
 #else
   (void)lagging;
 #endif

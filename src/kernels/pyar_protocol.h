@@ -61,6 +61,14 @@ constexpr uint64_t kGiveUpCheckNs = 1000000;  // waits shorter than this never r
 
 enum Phase { kStart = 0, kMid = 1, kEnd = 2, kPhases = 3 };
 
+// The test builds' delays (a lagging rank, a lagging LL reader, a late
+// staging copy): a busy wait of `ns` nanoseconds on now_ns's clock.
+PYAR_DEVICE void busy_wait_ns(uint64_t ns) {
+  const uint64_t since = now_ns();
+  while (now_ns() - since < ns) {
+  }
+}
+
 // The buffer's scratch follows the Signal (Communicator: at sizeof(Signal)),
 // and a 16-byte pack there must be aligned.
 struct alignas(16) Signal {
@@ -450,11 +458,7 @@ PYAR_DEVICE bool barrier(const CommState &s, Phase phase, uint32_t epoch, const 
     // barrier, a lag that only the exit barrier keeps from turning into reads
     // of inputs their owners already reused.  (Ranks sharing one GPU read at
     // one pace; no competing kernel reliably puts one a graph node behind.)
-    if (phase == kStart && rank == PYAR_TEST_LAG_RANK) {
-      const uint64_t since = now_ns();
-      while (now_ns() - since < PYAR_TEST_LAG_NS) {
-      }
-    }
+    if (phase == kStart && rank == PYAR_TEST_LAG_RANK) busy_wait_ns(PYAR_TEST_LAG_NS);
 #endif
     return true;
   }
@@ -604,7 +608,12 @@ PYAR_DEVICE bool start_barrier(const CommState &s, uint32_t epoch, const CallInf
 // Positive controls (tests/test_protocol_host.py): PYAR_TEST_STAGE_MUTATION
 // as kStageAfterStart copies after the start barrier (peers may read first),
 // as kStageOtherBlock copies the packs of the next block (read by peers that
-// met only that block).
+// met only that block).  In the GPU's control of kStageAfterStart the last
+// rank also waits PYAR_TEST_STAGE_DELAY_NS before its late copy
+// (tests/gpu/conftest.py), while its peers copy and read at once: the last
+// rank to arrive passes the barrier first, so without the wait its copy often
+// lands before a peer has seen its start flag, and a delay on every rank
+// would delay the peers' reads as much (each block reads after its own copy).
 enum StageMutation { kStageExact = 0, kStageAfterStart = 1, kStageOtherBlock = 2 };
 
 // Packs a thread copies per round trip when it stages: the copy runs on the
@@ -660,7 +669,12 @@ PYAR_DEVICE bool staged_start_barrier(const CommState &s, uint32_t epoch, const 
       mutation == kStageOtherBlock ? (blockIdx.x + 1) % gridDim.x : uint32_t(blockIdx.x);
   if (staging && mutation != kStageAfterStart) copy(block, from, to);
   const bool passed = start_barrier<W, kIdle>(s, epoch, info);
-  if (staging && mutation == kStageAfterStart && passed) copy(block, from, to);
+  if (staging && mutation == kStageAfterStart && passed) {
+#if defined(PYAR_TEST_STAGE_DELAY_NS)
+    if (block_state().rank == W - 1) busy_wait_ns(PYAR_TEST_STAGE_DELAY_NS);
+#endif
+    copy(block, from, to);
+  }
   return passed;
 }
 

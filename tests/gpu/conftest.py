@@ -55,7 +55,10 @@ CONTROL_BUILDS = {
     "control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER"),
     "start_control_kernels": ("PYAR_TEST_SKIP_PHASE=kStart",),
     "signature_control_kernels": ("PYAR_TEST_IGNORE_SIGNATURE=1",),
-    "stage_control_kernels": ("PYAR_TEST_STAGE_MUTATION=kStageAfterStart",),
+    # The last rank's late copy also waits 20 us, so its peers read its scratch
+    # before the copy lands.
+    "stage_control_kernels": ("PYAR_TEST_STAGE_MUTATION=kStageAfterStart",
+                              "PYAR_TEST_STAGE_DELAY_NS=20000"),
     "lagging_kernels": LAG,
     "lagging_control_kernels": ("PYAR_TEST_SKIP_EXIT_BARRIER", "PYAR_TEST_SKIP_MID_BARRIER",
                                 *LAG),

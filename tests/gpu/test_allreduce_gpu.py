@@ -149,8 +149,9 @@ def test_positive_control_detects_missing_start_barrier(world, kernels_without_s
 @pytest.mark.parametrize("world", [2, 8])
 def test_positive_control_detects_a_late_staging_copy(world, kernels_staging_after_start):
     """The same scenario against kernels that copy a staged input into the scratch
-    after their start barrier (PYAR_TEST_STAGE_MUTATION=kStageAfterStart): the late
-    rank's start flag lets the peers read its scratch while its copy is still landing.
+    after their start barrier, the late (last) rank 20 us after it
+    (PYAR_TEST_STAGE_MUTATION=kStageAfterStart, PYAR_TEST_STAGE_DELAY_NS): the late
+    rank's start flag lets the peers read its scratch before its copy lands.
     One-shot and two-shot must both show wrong results -- proof that the copy's place
     before the barrier is what keeps them out."""
     assert_late_staged_input_is_seen(world, kernels_staging_after_start,

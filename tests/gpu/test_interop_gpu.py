@@ -332,10 +332,10 @@ def test_collective_orders_a_foreign_producer_before_its_stream(producer, ordere
     default, which S does not wait for): the copy runs at once, and y and z
     both miss their values."""
     from mpi4py import MPI
-    from pyar.comm import communicator
+    from pyar.comm import arguments
     if not ordered:
-        view = communicator.asarray
-        monkeypatch.setattr(communicator, "asarray", lambda obj, stream=None: view(obj))
+        view = arguments.asarray
+        monkeypatch.setattr(arguments, "asarray", lambda obj, stream=None: view(obj))
     n = 1 << 16
     new = rng.standard_normal(n).astype(np.float32)
     old = rng.standard_normal(n).astype(np.float32)

@@ -94,8 +94,9 @@ def test_fused_positive_control_start_barrier(world, kernels_without_start_barri
 @pytest.mark.parametrize("world", [2, 8])
 def test_fused_positive_control_staging_copy(world, kernels_staging_after_start):
     """The same with kernels that copy a staged input after their start barrier
-    (PYAR_TEST_STAGE_MUTATION=kStageAfterStart): the peers read the late rank's
-    scratch while its copy lands, and both variants must show wrong outputs."""
+    (PYAR_TEST_STAGE_MUTATION=kStageAfterStart), the late (last) rank 20 us after
+    it: the peers read its scratch before its copy lands, and both variants must
+    show wrong outputs."""
     assert_late_staged_input_is_seen(world, kernels_staging_after_start,
                                      "copying its staged input after the start barrier")
 
