@@ -2,7 +2,7 @@
 argument types against allreduce.cu, its receive region against pyar_ll.h,
 the planner's one launch (by parameter name, never staged nor registered),
 its refusals, "auto" choosing it only up to the node's auto_ll_bytes
-(PYAR_AUTO_LL), and whole calls through a NodeCommunicator assembled over
+(unless PYAR_AUTO_LL=0), and whole calls through a NodeCommunicator assembled over
 the stand-ins of tests/comm_stand_ins.py.
 """
 import os
@@ -111,7 +111,7 @@ def test_auto_ll_bound_is_the_table_within_the_segment_and_only_where_enabled():
 def test_auto_runs_ll_up_to_its_bound(world):
     """Up to auto_ll_bytes "auto" runs LL, in place over a registered input too (LL
     reads it in place; the barrier one-shot may not); one element past it, or with
-    the bound 0 (PYAR_AUTO_LL off), the size table's choice; never an input LL
+    the bound 0 (PYAR_AUTO_LL=0), the size table's choice; never an input LL
     refuses (misaligned)."""
     bound = plan.auto_ll_bytes(world, algorithms.LL_MAX_BYTES, True)
     node = geometry(world=world, max_size=1 << 20, auto_ll_bytes=bound)
@@ -231,6 +231,31 @@ def test_ranks_that_disagree_on_auto_ll_refuse_to_connect(monkeypatch):
     with pytest.raises(MismatchError, match=r"max_size, timeout and PYAR_AUTO_LL"):
         NodeCommunicator(node)
     assert node.freed
+
+
+@pytest.mark.parametrize("setting, enabled", [(None, True), ("", True), ("1", True),
+                                              ("0", False), ("no", False), ("false", False)])
+def test_auto_ll_is_on_unless_pyar_auto_ll_turns_it_off(monkeypatch, setting, enabled):
+    """What a rank offers for agreement at construction: "auto" runs LL unless
+    PYAR_AUTO_LL is 0, no or false."""
+    from pyar.comm.communicator import NodeCommunicator
+    from pyar.comm.errors import MismatchError
+    from tests.comm_stand_ins import NodeStandIn
+
+    offered = []
+
+    class Peers(NodeStandIn):
+        def allgather(self, value):  # a peer that disagrees ends construction here
+            offered.append(value[-1])
+            return [value, (*value[:-1], not value[-1])]
+
+    if setting is None:
+        monkeypatch.delenv("PYAR_AUTO_LL", raising=False)
+    else:
+        monkeypatch.setenv("PYAR_AUTO_LL", setting)
+    with pytest.raises(MismatchError, match=r"PYAR_AUTO_LL"):
+        NodeCommunicator(Peers(2, 0))
+    assert offered == [enabled]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])

@@ -24,12 +24,13 @@ LAMPORT = "lamport"
 # the barrier-free LL push one-shot all-reduce (src/kernels/pyar_ll.h): every
 # rank stores its input in 8-byte packets (4 bytes of data, a 4-byte flag)
 # into every rank's receive slot; for inputs up to LL_MAX_BYTES.  Forced by
-# ``algo="ll"``; ``"auto"`` runs it up to LL_AUTO_MAX_BYTES where the
-# communicator was made with PYAR_AUTO_LL=1 (pyar.comm.plan.auto_ll_bytes).
+# ``algo="ll"``; ``"auto"`` runs it up to LL_AUTO_MAX_BYTES unless the
+# communicator was made with PYAR_AUTO_LL=0 (pyar.comm.plan.auto_ll_bytes).
 LL = "ll"
 # the barrier-free LL push two-shot (pyar_ll.h, ll_twoshot): every rank pushes
 # shard q of its input to rank q, which sums its shard and pushes the sum to
-# every rank; forced only (``algo="ll_twoshot"``) until GPU runs measure it.
+# every rank; forced only (``algo="ll_twoshot"``): slower than the LL one-shot
+# wherever both take the input, and than the barrier one-shot past LL_AUTO_MAX_BYTES.
 # It moves 2(W-1)/W of the one-shot LL's bytes per rank per W, in two steps,
 # and takes inputs up to W/2 segments (pyar.comm.plan.ll_largest).
 LL_TWOSHOT = "ll_twoshot"
@@ -39,7 +40,7 @@ LL_ALGORITHMS = (LL, LL_TWOSHOT)
 # segments of twice this (a packet carries 4 bytes of data in 8).
 LL_MAX_BYTES = 256 << 10
 
-# world size -> largest input that ``"auto"`` runs as LL (with PYAR_AUTO_LL=1).
+# world size -> largest input that ``"auto"`` runs as LL (unless PYAR_AUTO_LL=0).
 # LL saves the barrier one-shot's two flag round trips but moves twice the
 # bytes (a packet carries 4 bytes of data in 8) from every rank to every
 # rank, so past these sizes the one-shot, which reads each peer's input once,

@@ -27,8 +27,11 @@ MAX_WORLD = 8
 _CALL_LOG = 4096
 
 
-def env_flag(name):
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+def env_flag(name, default=False):
+    """Whether $``name`` is set to something other than 0, false or no;
+    ``default`` when it is unset or empty."""
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value not in ("0", "false", "no")
 
 
 def resolve_timeout(timeout):
@@ -85,7 +88,7 @@ class NodeCommunicator(_eager.PlanCache):
                                  f"node, this communicator has {world}")
             # Different sizes or timeouts would give ranks different chunkings,
             # and PYAR_AUTO_LL different algorithms for one "auto" call.
-            auto_ll = env_flag("PYAR_AUTO_LL")
+            auto_ll = env_flag("PYAR_AUTO_LL", default=True)
             exchange.check_agreement(node, "max_size, timeout and PYAR_AUTO_LL",
                                      (max_size, timeout, auto_ll))
             device = exchange.run_everywhere(node, select_device, node.Get_rank(), device)

@@ -85,7 +85,7 @@ def ll_segment(max_size):
 def auto_ll_bytes(world, ll_bytes, enabled):
     """The largest input ``"auto"`` runs as LL on ``world`` ranks whose LL
     segments hold ``ll_bytes``: LL_AUTO_MAX_BYTES's bound where ``enabled``
-    (PYAR_AUTO_LL on every rank), else 0."""
+    (PYAR_AUTO_LL not 0 on any rank), else 0."""
     if not enabled or world < 2:
         return 0
     return min(algorithms.LL_AUTO_MAX_BYTES[world], ll_bytes)

@@ -39,7 +39,7 @@ class CommunicatorProtocol(Protocol):
         (reduce-scatter then all-gather; bandwidth), "ll" (every rank pushes
         LL packets into every rank's receive region, no barrier; inputs up to
         algorithms.LL_MAX_BYTES or max_size; "auto" runs it for small inputs
-        under PYAR_AUTO_LL=1) or "ll_twoshot" (forced only: LL packets of
+        unless PYAR_AUTO_LL=0) or "ll_twoshot" (forced only: LL packets of
         shards, then of their sums; inputs up to world/2 times LL's)."""
 
     def allreduce_rmsnorm(self, x, residual, weight, eps=1e-6, out=None, residual_out=None,
