@@ -7,7 +7,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import setup_kernels  # noqa: E402
+from kernel_build import build_kernels  # noqa: E402
 
 RUNTIME_SOURCES = ["src/runtime/runtime.c", "src/runtime/hip_loader.c", "src/runtime/cuda_loader.c"]
 
@@ -19,7 +19,7 @@ class build_py_with_kernels(build_py):
     def run(self):
         super().run()
         root = "." if self.editable_mode else self.build_lib
-        setup_kernels.build("src/kernels", os.path.join(root, "pyar", "_kernels"))
+        build_kernels.build("src/kernels", os.path.join(root, "pyar", "_kernels"))
 
 
 extensions = [

@@ -1,5 +1,5 @@
 """The package's kernel build, as the tests (and benchmarks/signature_cost.py) share it:
-setup_kernels.build of src/kernels, or of another commit's kernel sources, for the given
+build_kernels.build of src/kernels, or of another commit's kernel sources, for the given
 targets, through the kernel cache, so the tests reuse what the install compiled instead of
 compiling again."""
 import os
@@ -9,7 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import setup_kernels  # noqa: E402
+from kernel_build import build_kernels  # noqa: E402
 
 KERNELS = os.path.join(ROOT, "src", "kernels")
 
@@ -19,5 +19,5 @@ def build(folder, archs, defines=(), names=None, source=KERNELS):
     sources in ``source`` (src/kernels of this tree, or of another commit's)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYAR_GPU_ARCHS", ";".join(archs))
-        made = setup_kernels.build(source, str(folder), defines, names)
+        made = build_kernels.build(source, str(folder), defines, names)
     return {os.path.basename(path): path for path in made}

