@@ -44,8 +44,8 @@ THIS_FILE = os.path.relpath(os.path.abspath(__file__), ROOT)
 README_MAX_LINES = 220
 
 # A word whose first component is one of these is a repository path.
-REPOSITORY_FOLDERS = (".ci", "benchmarks", "docs", "examples", "pyar", "scripts", "src",
-                      "tests")
+REPOSITORY_FOLDERS = (".ci", "benchmarks", "docs", "examples", "kernel_build", "pyar", "scripts",
+                      "src", "tests")
 # Written by `pip install` (pyar/_kernels is tracked, its code objects are not).
 BUILD_OUTPUTS = ("pyar/_kernels/*.fatbin", "pyar/_kernels/*.hsaco",
                  "pyar/_kernels/kernel_resources.md")

@@ -7,6 +7,8 @@
 * nothing outside pyar/comm touches a private attribute of a communicator:
   tests, benchmarks and pyar.bench go through the public API, the planner
   and ``NodeCommunicator.assemble``;
+* the kernel build (kernel_build/) is apart: pyar never imports it, and its
+  modules import each other without a circle;
 * files stay small enough to read whole;
 * both communicators offer the documented interface (pyar.comm.protocol)
   with the same signatures.
@@ -156,6 +158,54 @@ def test_every_communicator_module_imports_alone(module):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+# --- the kernel build, apart from the package ---------------------------------------
+
+def kernel_build_imports(text, inside=False):
+    """The kernel_build modules ``text`` imports, anywhere in it (a function's
+    import counts: pyar must not run the compilers' code at all); ``inside``:
+    text of a kernel_build module, whose relative imports name its siblings."""
+    names = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.level == 0 or inside and node.level == 1):
+            module = node.module if node.level == 0 else ".".join(
+                ["kernel_build"] + ([node.module] if node.module else []))
+            names.update([module] + [f"{module}.{a.name}" for a in node.names])
+    return {n for n in names if n == "kernel_build" or n.startswith("kernel_build.")}
+
+
+def test_pyar_never_imports_the_kernel_build():
+    found = {}
+    for name, path in _modules().items():
+        if path.endswith(".py"):
+            with open(path) as f:
+                found[name] = kernel_build_imports(f.read())
+    assert {n: i for n, i in found.items() if i} == {}
+
+
+def test_kernel_build_check_sees_an_import():
+    text = "import os\ndef f():\n    from kernel_build import cuda_compiler\n"
+    assert kernel_build_imports(text) == {"kernel_build", "kernel_build.cuda_compiler"}
+    sibling = "from .gpu_targets import KERNEL_FLAGS\nfrom . import build_log\n"
+    assert kernel_build_imports(sibling) == set()
+    assert kernel_build_imports(sibling, inside=True) == {
+        "kernel_build", "kernel_build.gpu_targets", "kernel_build.gpu_targets.KERNEL_FLAGS",
+        "kernel_build.build_log"}
+    assert cycles({"kernel_build.a": {"kernel_build.b"}, "kernel_build.b": {"kernel_build.a"}})
+
+
+def test_kernel_build_modules_import_without_a_circle():
+    folder = os.path.join(ROOT, "kernel_build")
+    graph = {}
+    for name in os.listdir(folder):
+        if name.endswith(".py") and name != "__init__.py":
+            with open(os.path.join(folder, name)) as f:
+                graph[f"kernel_build.{name[:-3]}"] = kernel_build_imports(f.read(), inside=True)
+    assert sum(len(targets) for targets in graph.values()) > 5  # the check reads the imports
+    assert cycles(graph) is None
+
+
 # --- nothing outside pyar/comm reaches into a communicator -------------------------
 
 def communicator_private_names():
@@ -239,6 +289,7 @@ def _line_counts(top, suffixes):
 
 def test_package_files_are_small():
     sizes = dict(_line_counts("pyar", (".py", ".pyx", ".pxi", ".pxd", ".pyi")))
+    sizes.update(_line_counts("kernel_build", (".py",)))
     too_long = {p: n for p, n in sizes.items()
                 if n > MAX_LINES.get(p, PACKAGE_MAX_LINES)}
     assert too_long == {}
