@@ -77,16 +77,17 @@ class AllReduce(_ArrayCollective):
         algorithms.validate(self.algo)
         x = self.x = input_array(comm, self.x, "x", stream)
         self.out = allreduce_output(comm, x, self.out, stream)
-        if self.algo in algorithms.LL_ALGORITHMS:  # refused alike at every world size
+        if comm.world > 1 and x.size:
+            if self.algo not in algorithms.LL_ALGORITHMS:  # LL: no peer reads x
+                self.registered = comm._input_table(x, stream)
+            # Refuses what a forced LL cannot take.
+            self.algo = plan.allreduce_algorithm(comm.geometry, x, self.out, self.algo,
+                                                 self.registered is not None)
+        elif self.algo in algorithms.LL_ALGORITHMS:  # refused alike where nothing is planned
             refusal = plan.ll_refusal(self.algo, plan.ll_segment(comm.max_size), comm.world,
                                       x, self.out)
             if refusal:
                 raise ValueError(f"algo={self.algo!r} {refusal}")
-        if comm.world > 1 and x.size:
-            if self.algo not in algorithms.LL_ALGORITHMS:  # LL: no peer reads x
-                self.registered = comm._input_table(x, stream)
-            self.algo = plan.allreduce_algorithm(comm.geometry, x, self.out, self.algo,
-                                                 self.registered is not None)
 
     def agreement(self):
         return (self.x.size, str(self.x.dtype), self.algo, self.registered is not None)
