@@ -251,15 +251,21 @@ def test_the_docs_folder_is_there():
             "benchmarks.md"} <= names
 
 
-def test_the_design_document_is_cited_as_docs_design_md():
-    found = []
-    for name in repository_files():
+def citing_sources(names):
+    """(name, text) of every source among ``names`` that may cite documents
+    (CITING_SUFFIXES, text), this file aside."""
+    for name in names:
         if name.endswith(CITING_SUFFIXES) and name != THIS_FILE:
             try:
-                text = read(name)
+                yield name, read(name)
             except UnicodeDecodeError:
                 continue
-            found += old_design_citations(text, name)
+
+
+def test_the_design_document_is_cited_as_docs_design_md():
+    found = []
+    for name, text in citing_sources(repository_files()):
+        found += old_design_citations(text, name)
     assert found == []
 
 
@@ -269,13 +275,8 @@ def test_every_markdown_document_cited_exists():
     names = repository_files()
     known = {os.path.basename(name) for name in names if name.endswith(".md")} | set(WRITTEN_MD)
     found = []
-    for name in names:
-        if name.endswith(CITING_SUFFIXES) and name != THIS_FILE:
-            try:
-                text = read(name)
-            except UnicodeDecodeError:
-                continue
-            found += unknown_markdown_citations(text, name, known)
+    for name, text in citing_sources(names):
+        found += unknown_markdown_citations(text, name, known)
     assert found == []
 
 
