@@ -9,6 +9,12 @@ bounds let all peer loads of a pack go out at once, and from today's
 sources without one piece each (pyar_protocol.h's test macros); all
 launched in one run, replayed from graphs and timed alternately.
 
+With ``--algo ll`` or ``ll_twoshot`` it prices the LL kernels' signature
+instead (their flags carry the call's digest, and a packet or start flag of
+another digest ends a wait): no older commit has them, so only the rows of
+today's sources run, each LL call planned as the communicator plans it, and
+the baseline is the build without the signature.
+
 Every kernel built from today's sources, and the older ones of
 PREVIOUS_COMMIT (the same Signal layout; no input to stage), STORED_COMMIT,
 JUDGED_COMMIT and BOUNDED_COMMIT, runs on one communicator.  The kernel of
@@ -99,9 +105,12 @@ def measure(options):
     import pyar
     import pyar._hip as hip
     from pyar.bench import table
-    from pyar.comm import layout
+    from pyar.comm import algorithms, kernels, layout, plan
 
-    missing = [name for name in KERNELS
+    ll = options.algo in algorithms.LL_ALGORITHMS
+    builds = {name: spec for name, spec in KERNELS.items() if not ll or spec[0] is None}
+    base_row = "no-signature" if ll else BASELINE_COMMIT
+    missing = [name for name in builds
                if not os.path.exists(os.path.join(options.baseline, name, "allreduce.fatbin"))]
     if missing:
         raise SystemExit(f"{options.baseline} lacks {missing}: build it with --build-baseline")
@@ -113,22 +122,25 @@ def measure(options):
     stream = pyar.Stream()
     count = options.bytes // 4
     x = pyar.asarray(np.full(count, rank + 1, np.float32), stream=stream)
-    outs = {name: pyar.empty((count,), np.float32, stream=stream) for name in KERNELS}
-    comm.allreduce(x, out=outs[SHIPPED], stream=stream)  # stages x into the scratch read
-    old_comm = pyar.Communicator(mpi)
-    old_comm.allreduce(x, out=outs[SHIPPED], stream=stream)  # the same, for the oldest kernel
+    outs = {name: pyar.empty((count,), np.float32, stream=stream) for name in builds}
+    # A barrier one-shot stages x into the scratch the barrier rows read ("auto" runs LL).
+    comm.allreduce(x, out=outs[SHIPPED], algo="oneshot", stream=stream)
+    old_comm = None if ll else pyar.Communicator(mpi)
+    if old_comm is not None:
+        old_comm.allreduce(x, out=outs[SHIPPED], algo="oneshot", stream=stream)  # the oldest
+        stream.synchronize()
+        mpi.Barrier()  # every rank's staging call is done before its Signal is cleared
+        # The Signal area is the start of the communicator's buffer, up to its scratch.
+        signal_bytes = layout.KernelLayout(old_comm.load_module("allreduce")).signal_bytes
+        hip.memset(old_comm.geometry.scratch - signal_bytes, 0, signal_bytes)
+        hip.device_synchronize()
     stream.synchronize()
-    mpi.Barrier()  # every rank's staging call is done before its Signal is cleared
-    # The Signal area is the start of the communicator's buffer, up to its scratch.
-    signal_bytes = layout.KernelLayout(old_comm.load_module("allreduce")).signal_bytes
-    hip.memset(old_comm.geometry.scratch - signal_bytes, 0, signal_bytes)
-    hip.device_synchronize()
     mpi.Barrier()
 
     entry = f"pyar_allreduce_{options.algo.replace('shot', '_shot')}_f32_w{world}"
     modules = {name: hip.Module.from_file(os.path.join(options.baseline, name,
                                                        "allreduce.fatbin"))
-               for name in KERNELS}
+               for name in builds}
     threads = comm.geometry.threads
     work = count // 4 if options.algo == "oneshot" else -(-count // 4 // world)
     blocks = min(comm.geometry.allreduce_blocks, max(1, -(-work // threads)))
@@ -150,9 +162,16 @@ def measure(options):
                      *(() if oldest else (signature,)), 0)
         return lambda: kernel.launch(blocks, threads, arguments, stream=stream)
 
+    def ll_launcher(name):
+        # The launch the planner makes for this call, with this row's kernel.
+        step = plan.ll(comm.geometry, kernels.KernelSet(world, modules[name], None, None),
+                       x, outs[name], options.algo)
+        return lambda: step.function.launch(step.grid, step.block, (*step.args, 0),
+                                            stream=stream)
+
     graphs = {}
-    for name in KERNELS:
-        launch = launcher(name)
+    for name in builds:
+        launch = (ll_launcher if ll else launcher)(name)
         with hip.capture(stream) as graph:
             for _ in range(GRAPH_SIZE):
                 launch()
@@ -171,7 +190,7 @@ def measure(options):
                for name, v in samples.items()}
     wrong = {name: mpi.allreduce(w) for name, w in wrong.items()}
     if rank == 0:
-        base, shipped = medians[BASELINE_COMMIT], medians[SHIPPED]
+        base, shipped = medians[base_row], medians[SHIPPED]
         rows = [{"world": world, "bytes": options.bytes, "algo": options.algo, "kernel": name,
                  "us_per_call": round(us, 3), "minus_baseline_us": round(us - base, 3),
                  "minus_shipped_us": round(us - shipped, 3), "wrong": wrong[name]}
@@ -179,18 +198,21 @@ def measure(options):
         print(table.markdown(list(rows[0]), [list(r.values()) for r in rows],
                              f"start-barrier cost by piece, graph replay of {GRAPH_SIZE} "
                              f"launches x {options.replays}, median of {options.repeats} "
-                             f"(slowest rank); baseline {BASELINE_COMMIT}: before the "
-                             f"signature"))
+                             f"(slowest rank); baseline {base_row}: "
+                             + ("today's sources without the signature" if ll
+                                else "before the signature")))
         if options.json:
             with open(options.json, "w") as f:
-                json.dump({"rows": rows, "baseline_commit": BASELINE_COMMIT,
+                json.dump({"rows": rows, "baseline_row": base_row,
+                           "baseline_commit": BASELINE_COMMIT,
                            "previous_commit": PREVIOUS_COMMIT,
                            "stored_commit": STORED_COMMIT,
                            "judged_commit": JUDGED_COMMIT,
                            "bounded_commit": BOUNDED_COMMIT}, f, indent=1)
     for graph in graphs.values():
         graph.close()
-    old_comm.close()
+    if old_comm is not None:
+        old_comm.close()
     comm.close()
     return 0 if not any(wrong.values()) else 1
 
@@ -203,7 +225,8 @@ def main():
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--baseline", metavar="DIR", help="the --build-baseline output")
     parser.add_argument("--bytes", type=int, default=1024)
-    parser.add_argument("--algo", choices=("oneshot", "twoshot"), default="oneshot")
+    parser.add_argument("--algo", choices=("oneshot", "twoshot", "ll", "ll_twoshot"),
+                        default="oneshot")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--json")

@@ -380,26 +380,31 @@ def test_fused_one_stage_first_row_waits_for_memory_at_most_twice(cuda_fatbins):
 def test_signature_cost_builds_leave_out_their_piece(tmp_path_factory):
     """benchmarks/signature_cost.py prices the start barrier's pieces by builds of this
     tree without one each: every such build differs from the shipped kernel, and the one
-    without the signature computes no digest (fmix32's first multiplier, 0x85ebca6b)."""
+    without the signature computes no digest (fmix32's first multiplier, 0x85ebca6b),
+    in the barrier one-shot and in the LL kernels (its ``--algo ll`` rows)."""
     from benchmarks import signature_cost
 
     if cuda_compiler.find_nvcc() is None:
         pytest.skip("nvcc not found: the benchmark's kernels cannot be built")
+    entries = ("pyar_allreduce_one_shot_f32_w8", "pyar_allreduce_ll_f32_w2",
+               "pyar_allreduce_ll_two_shot_bf16_w8")
     sass = {}
     for name, (commit, defines) in signature_cost.KERNELS.items():
         if commit is None:  # the rows of older commits need git history (CI may lack it)
             made = kernel_builds.build(tmp_path_factory.mktemp("signature-cost"), ("sm_90",),
                                        defines, ["allreduce.cu"])
-            code = mc.disassemble_cuda(CUOBJDUMP, made["allreduce.fatbin"],
-                                       "sm_90")["pyar_allreduce_one_shot_f32_w8"]
-            sass[name] = [(i.mnemonic, i.operands) for i in code]
+            code = mc.disassemble_cuda(CUOBJDUMP, made["allreduce.fatbin"], "sm_90")
+            sass[name] = {entry: [(i.mnemonic, i.operands) for i in code[entry]]
+                          for entry in entries}
     shipped_code = sass.pop(signature_cost.SHIPPED)
-    assert sass and all(code != shipped_code for code in sass.values())
+    assert sass and all(code[entries[0]] != shipped_code[entries[0]] for code in sass.values())
 
     def digests(code):
         return any("-0x7a143595" in operands for _, operands in code)
 
-    assert digests(shipped_code) and not digests(sass["no-signature"])
+    for entry in entries:
+        assert digests(shipped_code[entry]), entry
+        assert not digests(sass["no-signature"][entry]), entry
 
 
 # --- LL packets (pyar_ll.h) ----------------------------------------------------------

@@ -223,11 +223,5 @@ PYAR_ALLREDUCE_TYPES(two_shot)
   PYAR_LL_WORLDS(kind, fn, f16, __half)        \
   PYAR_LL_WORLDS(kind, fn, bf16, pyar::bf16_bits)
 
-// Not in the builds without the call signature (PYAR_TEST_NO_SIGNATURE), which
-// price the barrier kernels' start barrier (benchmarks/signature_cost.py):
-// there ptxas of CUDA 13.0 gives up on pyar_allreduce_ll_f32_w2 (C7600,
-// "Register allocation failed with register count of '7'").
-#if !defined(PYAR_TEST_NO_SIGNATURE)
 PYAR_LL_TYPES(ll, ll)
 PYAR_LL_TYPES(ll_two_shot, ll_twoshot)
-#endif
