@@ -40,7 +40,7 @@ def test_row_without_ll_has_no_ratios_or_target():
     assert row["ll_vs_oneshot"] is None and row["ll_vs_floor"] is None
     assert row["best_vs_oneshot"] is None
     assert _cells(row) == ["1 MiB", "524288", "bfloat16", "eager", "30.00", "20.00", "-",
-                           "-", "3.00", "-", "-", "-", "-", "0"]
+                           "-", "3.00", "-", "-", "-", "-", "-", "-", "0"]
 
 
 def test_cells_follow_the_columns():
@@ -49,9 +49,27 @@ def test_cells_follow_the_columns():
     cells = latency.cells(row)
     assert len(cells) == len(latency.COLUMNS)
     assert _cells(row) == ["1 KiB", "256", "float32", "graph", "10.00", "14.50", "5.00",
-                           "7.00", "4.00", "0.50x", "1.25x", "yes", "0.50x", "-"]
-    assert _cells(dict(row, ll_us=9.0, target=False))[11] == "no"
+                           "7.00", "4.00", "-", "0.50x", "1.25x", "-", "yes", "0.50x", "-"]
+    assert _cells(dict(row, ll_us=9.0, target=False))[13] == "no"
     assert {name for name, _ in latency.COLUMNS} - {"size", "type"} <= set(row)
+
+
+def test_signal_floor_column_and_ratio():
+    row = latency.row(1024, 256, "float32", "graph", {"oneshot": 10.0, "ll": 5.0}, 1.5,
+                      signal_us=4.0)
+    assert row["signal_us"] == 4.0 and row["ll_vs_signal"] == pytest.approx(1.25)
+    assert row["target"] is True   # the target's bounds stay the one-shot and the floor
+    cells = _cells(row)
+    assert cells[9] == "4.00" and cells[12] == "1.25x"
+
+
+def test_signal_floor_is_a_latency_option(capsys):
+    assert bench.parse_args(["--latency", "--signal-floor"]).signal_floor
+    assert not bench.parse_args(["--latency"]).signal_floor
+    with pytest.raises(SystemExit) as raised:
+        bench.parse_args(["--signal-floor"])
+    assert raised.value.code == 2
+    assert "--signal-floor is a column of --latency" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("times, best", [
@@ -122,7 +140,8 @@ class Stream:
         pass
 
 
-def test_sweep_times_each_algorithm_that_takes_the_size(monkeypatch):
+@pytest.mark.parametrize("signal_floor", [False, True])
+def test_sweep_times_each_algorithm_that_takes_the_size(monkeypatch, signal_floor):
     from mpi4py import MPI
     # At 4 ranks the LL two-shot takes twice the one-shot's largest input.
     limit = algorithms.LL_MAX_BYTES
@@ -143,15 +162,31 @@ def test_sweep_times_each_algorithm_that_takes_the_size(monkeypatch):
             return 2e-6
 
     monkeypatch.setattr(latency, "Floor", Floor)
+    signals = []
+
+    class SignalFloor(Floor):
+        def __init__(self, mpi, stream, graph_calls, timeout_ns):
+            super().__init__(mpi, stream, graph_calls)
+            signals.append(("timeout", timeout_ns))
+
+        def seconds(self, mode, iterations, warmup):
+            signals.append(mode)
+            return 3e-6
+
+        def close(self):
+            signals.append("closed")
+
+    monkeypatch.setattr(latency, "SignalFloor", SignalFloor)
 
     def time_point(src, dst, algo, mode, iterations, stream):
         calls.append((src.nbytes, algo, mode))
         dst.host[:] = exact.expected_sum(dst.size, world)
         return {"oneshot": 10e-6, "twoshot": 12e-6, "ll": 5e-6, "ll_twoshot": 4e-6}[algo]
 
-    comm = types.SimpleNamespace(world=world, max_size=64 << 20, register=registered.append)
+    comm = types.SimpleNamespace(world=world, max_size=64 << 20, register=registered.append,
+                                 geometry=types.SimpleNamespace(timeout_ns=123))
     args = bench.parse_args(["--latency", "-b", str(limit), "-e", str(4 * limit),
-                             "-d", "float32", "-n", "3"])
+                             "-d", "float32", "-n", "3"] + ["--signal-floor"] * signal_floor)
     shown = []
     rows = latency.sweep(args, comm, MPI.COMM_SELF, 4 * limit, shown.append, 20, time_point)
     sizes = (limit, 2 * limit, 4 * limit)
@@ -166,3 +201,8 @@ def test_sweep_times_each_algorithm_that_takes_the_size(monkeypatch):
     assert [r["ll2_us"] for r in rows] == [pytest.approx(4.0)] * 4 + [None] * 2
     assert [r["best_vs_oneshot"] for r in rows] == [pytest.approx(0.4)] * 4 + [None] * 2
     assert all(r["wrong"] == 0 and r["floor_us"] == pytest.approx(2.0) for r in rows)
+    if signal_floor:   # beside the empty kernel at every point, closed once at the end
+        assert signals == [("timeout", 123)] + ["eager", "graph"] * 3 + ["closed"]
+        assert all(r["signal_us"] == pytest.approx(3.0) for r in rows)
+    else:
+        assert signals == [] and all(r["signal_us"] is None for r in rows)

@@ -86,6 +86,9 @@ def parse_args(argv):
     parser.add_argument("--latency", action="store_true",
                         help="time the forced oneshot, twoshot and ll (where it takes the "
                              "size) beside an empty kernel, eager and from a graph, instead")
+    parser.add_argument("--signal-floor", action="store_true",
+                        help="--latency: also time one flag exchange among the ranks, the "
+                             "least a collective that waits for its peers pays")
     parser.add_argument("--hidden", type=int, default=4096, help="--fused: hidden size")
     parser.add_argument("--tokens", type=fused.parse_tokens, default=fused.DEFAULT_TOKENS,
                         help="--fused: comma-separated token counts")
@@ -116,6 +119,8 @@ def parse_args(argv):
                          or args.plot):
         parser.error("--latency times its own eager and graph rows of the forced algorithms: "
                      "no --fused, --node-size, --staged, --graph or --plot")
+    if args.signal_floor and not args.latency:
+        parser.error("--signal-floor is a column of --latency")
     if args.plot:
         if args.fused:
             parser.error("--plot draws the all-reduce sweep; --fused has no plot")

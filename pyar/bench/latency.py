@@ -10,7 +10,11 @@ stream: a plain launch in eager rows, replayed from a graph of as many
 launches as the all-reduce graphs hold in graph rows.  The target: LL within
 0.6x the barrier one-shot, or within 1.2x the floor, whichever is larger.
 ``best_vs_oneshot``: the faster LL (one-shot or two-shot) over the barrier
-one-shot."""
+one-shot.  With ``--signal-floor``, ``signal_us`` times one exchange of
+flags among the ranks (``pyar_test_flag_exchange``: each rank stores a flag
+at every peer and waits for every peer's), the least that any collective
+which waits for its peers pays, launched as the empty kernel is;
+``ll_vs_signal`` is LL over it."""
 import numpy as np
 
 import pyar
@@ -29,13 +33,14 @@ MODES = ("eager", "graph")
 ONESHOT_FACTOR = 0.6  # LL at most this times the barrier one-shot ...
 FLOOR_FACTOR = 1.2    # ... or this times the empty kernel, whichever is larger
 COLUMNS = [("size", 10), ("count", 11), ("type", 9), ("mode", 6), ("oneshot_us", 10),
-           ("twoshot_us", 10), ("ll_us", 8), ("ll2_us", 8), ("floor_us", 8),
-           ("ll_vs_oneshot", 13), ("ll_vs_floor", 11), ("target", 6), ("best_vs_oneshot", 15),
-           ("wrong", 5)]
+           ("twoshot_us", 10), ("ll_us", 8), ("ll2_us", 8), ("floor_us", 8), ("signal_us", 9),
+           ("ll_vs_oneshot", 13), ("ll_vs_floor", 11), ("ll_vs_signal", 12), ("target", 6),
+           ("best_vs_oneshot", 15), ("wrong", 5)]
 LEGEND = ("oneshot/twoshot/ll/ll2: forced algorithms, ll2 the LL two-shot (ll and ll2 blank "
           "above their limits); floor_us: an empty kernel on the same stream (graph rows: "
           f"replayed from a graph); target: ll_us <= max({ONESHOT_FACTOR} x oneshot_us, "
-          f"{FLOOR_FACTOR} x floor_us); best_vs_oneshot: min(ll_us, ll2_us) / oneshot_us; "
+          f"{FLOOR_FACTOR} x floor_us); signal_us (--signal-floor): one flag exchange among the "
+          "ranks, launched as the empty kernel is; best_vs_oneshot: min(ll_us, ll2_us) / oneshot_us; "
           "wrong: elements that differ from the exact sum, all ranks and algorithms "
           "(- unchecked)")
 
@@ -44,9 +49,10 @@ def _ratio(top, bottom):
     return None if top is None or not bottom else top / bottom
 
 
-def row(nbytes, count, dtype, mode, times_us, floor_us, wrong=None):
+def row(nbytes, count, dtype, mode, times_us, floor_us, wrong=None, signal_us=None):
     """A row from the forced algorithms' microseconds (``times_us``: {algo:
-    us, None where the algorithm does not take the size}) and the floor's."""
+    us, None where the algorithm does not take the size}), the floor's and
+    the flag exchange's (None: not measured)."""
     times = {algo: times_us.get(algo) for algo in ALGOS}
     ll, oneshot = times["ll"], times["oneshot"]
     target = None
@@ -56,7 +62,8 @@ def row(nbytes, count, dtype, mode, times_us, floor_us, wrong=None):
            if algo in algorithms.LL_ALGORITHMS and us is not None]
     return {"bytes": nbytes, "count": count, "dtype": dtype, "mode": mode,
             **{FIELDS[algo]: us for algo, us in times.items()}, "floor_us": floor_us,
-            "ll_vs_oneshot": _ratio(ll, oneshot), "ll_vs_floor": _ratio(ll, floor_us),
+            "signal_us": signal_us, "ll_vs_oneshot": _ratio(ll, oneshot),
+            "ll_vs_floor": _ratio(ll, floor_us), "ll_vs_signal": _ratio(ll, signal_us),
             "target": target, "best_vs_oneshot": _ratio(min(lls, default=None), oneshot),
             "wrong": wrong}
 
@@ -77,7 +84,8 @@ def cells(row):
     target = None if row["target"] is None else ("yes" if row["target"] else "no")
     return [human_bytes(row["bytes"]), row["count"], row["dtype"], row["mode"],
             *(_us(row[FIELDS[algo]]) for algo in ALGOS), _us(row["floor_us"]),
-            _times(row["ll_vs_oneshot"]), _times(row["ll_vs_floor"]), target,
+            _us(row.get("signal_us")), _times(row["ll_vs_oneshot"]),
+            _times(row["ll_vs_floor"]), _times(row.get("ll_vs_signal")), target,
             _times(row["best_vs_oneshot"]), row.get("wrong")]
 
 
@@ -123,6 +131,52 @@ class Floor:
             graph.close()
 
 
+class SignalFloor(Floor):
+    """One flag exchange among the ranks of ``mpi`` (pyar_test_flag_exchange),
+    timed as Floor times the empty kernel.  Each rank's device memory holds a
+    flag slot per rank, the count of its exchanges and the count of waits
+    that gave up; peers map it through IPC.  ``close`` raises if a wait gave
+    up: a floor measured over timeouts would mean nothing."""
+    COUNT, GAVE_UP, BYTES = 8 * 8, 8 * 8 + 8, 8 * 8 + 16   # after kMaxRanks slots
+
+    def __init__(self, mpi, stream, graph_calls, timeout_ns):
+        super().__init__(mpi, stream, graph_calls)
+        rank, world = mpi.Get_rank(), mpi.Get_size()
+        self.world, self.timeout_ns = world, timeout_ns
+        self.exchange = _kernels.load("test_kernels").get_function(
+            "pyar_test_flag_exchange", ("ptr", "ptr", "ptr", "uint32", "uint64", "ptr"))
+        self.memory = _hip.DeviceMemory(self.BYTES, uncached=True)
+        _hip.memset(self.memory.ptr, 0, self.BYTES)
+        handles = mpi.allgather(_hip.ipc_get_handle(self.memory.ptr))
+        self.mappings = [_hip.ipc_open(h) for r, h in enumerate(handles) if r != rank]
+        bases = [m.ptr for m in self.mappings]
+        bases.insert(rank, self.memory.ptr)
+        self.peers = _hip.DeviceMemory(8 * world)
+        _hip.memcpy_htod(self.peers.ptr, np.array([b + 8 * rank for b in bases], np.uint64))
+        _hip.device_synchronize()
+        mpi.Barrier()   # every rank's slots are zero before any rank's first exchange
+
+    def _launch(self):
+        m = self.memory.ptr
+        self.exchange.launch(1, 32, (self.peers.ptr, m, m + self.COUNT, self.world,
+                                     self.timeout_ns, m + self.GAVE_UP), 0, self.stream)
+
+    def close(self):
+        self.stream.synchronize()
+        gave_up = np.zeros(1, np.uint32)
+        _hip.memcpy_dtoh(gave_up, self.memory.ptr + self.GAVE_UP)
+        self.mpi.Barrier()   # no peer still waits on this rank's slots
+        for mapping in self.mappings:
+            mapping.close()
+        self.mpi.Barrier()   # every peer's mapping is closed before the memory goes
+        self.peers.free()
+        self.memory.free()
+        gave_up = self.mpi.allreduce(int(gave_up[0]))
+        if gave_up:
+            raise RuntimeError(f"the signal floor's flag exchange gave up {gave_up} waits "
+                               f"(timeout {self.timeout_ns} ns): no floor measured")
+
+
 def sweep(args, comm, mpi, largest, show, graph_calls, time_point):
     """Every size's eager and graph rows; ``time_point(src, dst, algo, mode,
     iterations, stream)`` times one forced all-reduce as the main sweep does."""
@@ -134,6 +188,8 @@ def sweep(args, comm, mpi, largest, show, graph_calls, time_point):
     x.set(exact.exact_inputs(x.size, mpi.Get_rank()).astype(dtype), stream=stream)
     comm.register(x)
     floor = Floor(mpi, stream, graph_calls)
+    signal = (SignalFloor(mpi, stream, graph_calls, comm.geometry.timeout_ns)
+              if args.signal_floor and world > 1 else None)
     rows = []
     for count, moved, iterations, src, dst, expected in points(args, x, y, largest, world):
         if count != x.size:
@@ -148,7 +204,11 @@ def sweep(args, comm, mpi, largest, show, graph_calls, time_point):
                 if args.check:
                     wrong += exact.wrong_on_all_ranks(mpi, dst, expected, stream)
             floor_us = floor.seconds(mode, iterations, args.warmup) * 1e6
-            rows.append(row(moved, count, args.dtype, mode, times, floor_us, wrong))
+            signal_us = (None if signal is None
+                         else signal.seconds(mode, iterations, args.warmup) * 1e6)
+            rows.append(row(moved, count, args.dtype, mode, times, floor_us, wrong, signal_us))
             show(rows[-1])
+    if signal is not None:
+        signal.close()
     stream.close()
     return rows

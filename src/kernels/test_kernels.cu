@@ -76,4 +76,32 @@ __global__ void pyar_test_e4m3fn_pair_mismatches(uint32_t fnuz, unsigned long lo
   if (found) atomicAdd(count, found);
 }
 
+// One exchange of flags among `world` ranks: the least that any collective
+// which waits for its peers pays on a call (pyar.bench's signal floor).
+// Thread r < world stores this exchange's number into this rank's slot at
+// rank r (`peers[r]`, a system-scope release) and waits, at most
+// `timeout_ns`, until rank r's number reached rank r's slot here (`mine[r]`,
+// acquire).  A peer may already be one exchange ahead (it stores before it
+// waits), so a wait ends at any number not below this one's.  `*count`
+// numbers this rank's exchanges (read by every thread, advanced after the
+// block's waits); `*gave_up` counts the waits that timed out.
+__global__ void pyar_test_flag_exchange(uint64_t *const *peers, const uint64_t *mine,
+                                        uint64_t *count, uint32_t world, uint64_t timeout_ns,
+                                        uint32_t *gave_up) {
+  const uint64_t number = *count + 1;
+  pyar::sync_block_before_release();
+  if (threadIdx.x < world) {
+    pyar::store_release_system(peers[threadIdx.x], number);
+    const uint64_t start = pyar::now_ns();
+    while (pyar::load_acquire_system(&mine[threadIdx.x]) < number) {
+      if (pyar::now_ns() - start > timeout_ns) {
+        atomicAdd(gave_up, 1u);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *count = number;
+}
+
 }  // extern "C"
