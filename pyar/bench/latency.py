@@ -39,8 +39,9 @@ COLUMNS = [("size", 10), ("count", 11), ("type", 9), ("mode", 6), ("oneshot_us",
 LEGEND = ("oneshot/twoshot/ll/ll2: forced algorithms, ll2 the LL two-shot (ll and ll2 blank "
           "above their limits); floor_us: an empty kernel on the same stream (graph rows: "
           f"replayed from a graph); target: ll_us <= max({ONESHOT_FACTOR} x oneshot_us, "
-          f"{FLOOR_FACTOR} x floor_us); signal_us (--signal-floor): one flag exchange among the "
-          "ranks, launched as the empty kernel is; best_vs_oneshot: min(ll_us, ll2_us) / oneshot_us; "
+          f"{FLOOR_FACTOR} x floor_us); signal_us (--signal-floor): one flag exchange among "
+          "the ranks, launched as the empty kernel is; best_vs_oneshot: min(ll_us, ll2_us) / "
+          "oneshot_us; "
           "wrong: elements that differ from the exact sum, all ranks and algorithms "
           "(- unchecked)")
 
@@ -109,16 +110,17 @@ class Floor:
         self.mpi, self.stream, self.graph_calls = mpi, stream, graph_calls
         self.empty = _kernels.load("test_kernels").get_function("pyar_test_empty")
 
-    def _launch(self):
+    def launch(self):
+        """Queues one launch on the stream."""
         self.empty.launch(1, 1, (), 0, self.stream)
 
     def seconds(self, mode, iterations, warmup):
         if mode == "eager":
-            return measure.time_per_call(self.mpi, self._launch, iterations, warmup,
+            return measure.time_per_call(self.mpi, self.launch, iterations, warmup,
                                          self.stream)
         self.stream.begin_capture()
         for _ in range(self.graph_calls):
-            self._launch()
+            self.launch()
         graph = self.stream.end_capture()
         executable = graph.instantiate()
         try:
@@ -156,7 +158,7 @@ class SignalFloor(Floor):
         _hip.device_synchronize()
         mpi.Barrier()   # every rank's slots are zero before any rank's first exchange
 
-    def _launch(self):
+    def launch(self):
         m = self.memory.ptr
         self.exchange.launch(1, 32, (self.peers.ptr, m, m + self.COUNT, self.world,
                                      self.timeout_ns, m + self.GAVE_UP), 0, self.stream)
