@@ -208,12 +208,13 @@ def test_fused_cells_follow_the_columns():
     from pyar.bench import fused
     row = {"tokens": 16, "hidden": 4096, "quant": "none", "mode": "eager",
            "variant": "onestage", "fused_us": 10.0, "unfused_us": 25.0, "speedup": 2.5,
-           "onestage_us": 10.0, "twostage_us": 14.25, "split_us": 12.5, "lamport_us": 7.5,
+           "allreduce_us": 8.0, "bound": 3.125, "onestage_us": 10.0, "twostage_us": 14.25,
+           "split_us": 12.5, "lamport_us": 7.5,
            "hbm_eff": 0.5, "norm_us": 4.0, "norm_eff": 0.75}
     line = fused.table().row(fused.cells(row))
     assert [c.strip() for c in line.split("|")[1:-1]] == [
-        "16", "4096", "none", "eager", "onestage", "10.00", "25.00", "2.50x", "10.00",
-        "14.25", "12.50", "7.50", "50%", "4.00", "75%"]
+        "16", "4096", "none", "eager", "onestage", "10.00", "25.00", "2.50x", "8.00", "3.12x",
+        "10.00", "14.25", "12.50", "7.50", "50%", "4.00", "75%"]
     # lamport absent where it does not take the input, efficiencies unmeasured
     wide_row = dict(row, lamport_us=None, hbm_eff=None, norm_eff=None)
     assert fused.cells(wide_row)[-7:] == ["10.00", "14.25", "12.50", None, None, "4.00", None]

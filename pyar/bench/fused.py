@@ -13,6 +13,13 @@ its time, against the device-to-device copy bandwidth; so is that of the
 unfused path's add + RMSNorm kernel timed alone, every rank's at once
 (``norm_us``, ``norm_eff``: the single-GPU row kernel that the unfused
 baseline stands on).
+
+``allreduce_us`` times the unfused path's all-reduce step alone, and
+``bound`` is ``unfused_us / allreduce_us``: the speedup of a fused kernel
+that cost no more than that all-reduce.  A fused kernel moves the same data
+between the ranks and cannot norm a row before its sum is complete, so
+where ``bound`` is below a speedup target, no fused kernel on this machine
+reaches it.
 """
 import numpy as np
 
@@ -111,8 +118,11 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
     def norm():
         row_kernels.add_rmsnorm(s, res, w, out=y, residual_out=r, stream=stream)
 
-    def unfused():
+    def allreduce():
         comm.allreduce(x, out=s, stream=stream)
+
+    def unfused():
+        allreduce()
         norm()
         if kind:
             row_kernels.quantize(y, kind, fp8_dtype=quantization["fp8_dtype"], quantized=q,
@@ -141,6 +151,8 @@ def _point(args, comm, mpi, stream, b, kind, tokens, dtype, copy_bw):
             if variant != algorithms.LAMPORT or lamport_fits:
                 row[f"{variant}_us"] = timer(lambda: fused(variant)) * 1e6
         row["speedup"] = row["unfused_us"] / row["fused_us"]
+        row["allreduce_us"] = timer(allreduce) * 1e6
+        row["bound"] = row["unfused_us"] / row["allreduce_us"]
         row["norm_us"] = timer(norm) * 1e6
         row["hbm_eff"] = row["norm_eff"] = None
         if copy_bw:
@@ -169,9 +181,10 @@ def _kernel_facts(comm, variant, tokens, hidden, dtype, kind):
 
 
 COLUMNS = [("tokens", 6), ("hidden", 6), ("quant", 13), ("mode", 5), ("variant", 8),
-           ("fused_us", 9), ("unfused_us", 10), ("speedup", 7), ("onestage_us", 11),
-           ("twostage_us", 11), ("split_us", 8), ("lamport_us", 10), ("hbm_eff", 7), ("norm_us", 8),
-           ("norm_eff", 8)]
+           ("fused_us", 9), ("unfused_us", 10), ("speedup", 7), ("allreduce_us", 12),
+           ("bound", 6), ("onestage_us", 11),
+           ("twostage_us", 11), ("split_us", 8), ("lamport_us", 10), ("hbm_eff", 7),
+           ("norm_us", 8), ("norm_eff", 8)]
 
 
 def table():
@@ -186,7 +199,7 @@ def cells(row):
             formatted.append(None)
         elif name.endswith("_eff"):
             formatted.append(f"{value:.0%}")
-        elif name == "speedup":
+        elif name in ("speedup", "bound"):
             formatted.append(f"{value:.2f}x")
         elif isinstance(value, float):
             formatted.append(f"{value:.2f}")
