@@ -306,6 +306,24 @@ def test_readme_is_short():
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/"
 
 
+def test_readme_and_design_state_the_receive_regions_as_the_code_sizes_them():
+    """The LL limits of "auto" and the receive regions' bytes at 8 ranks with the
+    default max_size, as README.md and docs/design.md state them, are the code's."""
+    from pyar.comm import algorithms, fused_plan, layout, plan
+    from pyar.comm.communicator import DEFAULT_MAX_SIZE
+    readme, design = (" ".join(read(path).split()) for path in ("README.md", "docs/design.md"))
+    ll = layout.ll_region_bytes(8, plan.ll_segment(DEFAULT_MAX_SIZE), 0) >> 20
+    segment = fused_plan.lamport_segment(DEFAULT_MAX_SIZE)
+    lamport = len(layout.lamport_region(8, segment, 0)) >> 20
+    limits = {world: kib >> 10 for world, kib in algorithms.LL_AUTO_MAX_BYTES.items()}
+    assert (f"up to {limits[2]} KiB at 2 ranks, {limits[3]} KiB at 3 or 4, {limits[5]} KiB "
+            f"at 5 to 8") in readme
+    assert limits[3] == limits[4] and len({limits[w] for w in range(5, 9)}) == 1
+    assert f"(2 x ranks x {segment >> 20} MiB: {lamport} MiB at 8 ranks)" in readme
+    assert f"as {2 * algorithms.LL_MAX_BYTES >> 10} KiB of packets: {ll} MiB at 8 ranks" in readme
+    assert f"1 KiB of counters: {ll} MiB at 8 ranks" in design
+
+
 # ---------------------------------------------------------------------------
 # Positive controls: the checkers see what they must
 
