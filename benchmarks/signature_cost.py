@@ -123,28 +123,30 @@ def measure(options):
     count = options.bytes // 4
     x = pyar.asarray(np.full(count, rank + 1, np.float32), stream=stream)
     outs = {name: pyar.empty((count,), np.float32, stream=stream) for name in builds}
-    # A barrier one-shot stages x into the scratch the barrier rows read ("auto" runs LL).
-    comm.allreduce(x, out=outs[SHIPPED], algo="oneshot", stream=stream)
-    old_comm = None if ll else pyar.Communicator(mpi)
-    if old_comm is not None:
-        old_comm.allreduce(x, out=outs[SHIPPED], algo="oneshot", stream=stream)  # the oldest
+    old_comm = None
+    if ll:
+        refusal = plan.ll_refusal(options.algo, comm.geometry.ll_bytes, world, x, outs[SHIPPED])
+        if refusal:
+            raise SystemExit(f"--bytes {options.bytes}: {refusal}")
+    else:
+        # A barrier one-shot stages x into the scratch the barrier rows read ("auto"
+        # runs LL); the oldest kernel's communicator is staged the same way.
+        old_comm = pyar.Communicator(mpi)
+        for staging in (comm, old_comm):
+            staging.allreduce(x, out=outs[SHIPPED], algo="oneshot", stream=stream)
         stream.synchronize()
         mpi.Barrier()  # every rank's staging call is done before its Signal is cleared
         # The Signal area is the start of the communicator's buffer, up to its scratch.
         signal_bytes = layout.KernelLayout(old_comm.load_module("allreduce")).signal_bytes
         hip.memset(old_comm.geometry.scratch - signal_bytes, 0, signal_bytes)
-        hip.device_synchronize()
-    stream.synchronize()
+    for out in outs.values():  # a row that writes nothing cannot pass as right
+        hip.memset(out.ptr, 0, out.nbytes)
+    hip.device_synchronize()
     mpi.Barrier()
 
-    entry = f"pyar_allreduce_{options.algo.replace('shot', '_shot')}_f32_w{world}"
     modules = {name: hip.Module.from_file(os.path.join(options.baseline, name,
                                                        "allreduce.fatbin"))
                for name in builds}
-    threads = comm.geometry.threads
-    work = count // 4 if options.algo == "oneshot" else -(-count // 4 // world)
-    blocks = min(comm.geometry.allreduce_blocks, max(1, -(-work // threads)))
-    signature = layout.signature(options.algo, count, x.dtype, registered=False)
 
     def launcher(name):
         # The oldest kernel: its own communicator, no signature parameter; the
@@ -154,6 +156,11 @@ def measure(options):
         oldest = name == BASELINE_COMMIT
         stages = KERNELS[name][0] not in (BASELINE_COMMIT, PREVIOUS_COMMIT)
         on = (old_comm if oldest else comm).geometry
+        entry = f"pyar_allreduce_{options.algo.replace('shot', '_shot')}_f32_w{world}"
+        threads = comm.geometry.threads
+        work = count // 4 if options.algo == "oneshot" else -(-count // 4 // world)
+        blocks = min(comm.geometry.allreduce_blocks, max(1, -(-work // threads)))
+        signature = layout.signature(options.algo, count, x.dtype, registered=False)
         kernel = modules[name].get_function(
             entry, ("ptr", "uint64", *(("ptr",) if stages else ()), "ptr", "ptr", "uint64",
                     "uint64", *(() if oldest else ("uint64",)), "uint32"))
@@ -196,7 +203,8 @@ def measure(options):
                  "minus_shipped_us": round(us - shipped, 3), "wrong": wrong[name]}
                 for name, us in medians.items()]
         print(table.markdown(list(rows[0]), [list(r.values()) for r in rows],
-                             f"start-barrier cost by piece, graph replay of {GRAPH_SIZE} "
+                             ("LL signature cost" if ll else "start-barrier cost by piece")
+                             + f", graph replay of {GRAPH_SIZE} "
                              f"launches x {options.replays}, median of {options.repeats} "
                              f"(slowest rank); baseline {base_row}: "
                              + ("today's sources without the signature" if ll

@@ -319,7 +319,9 @@ def test_readme_and_design_state_the_receive_regions_as_the_code_sizes_them():
     assert (f"up to {limits[2]} KiB at 2 ranks, {limits[3]} KiB at 3 or 4, {limits[5]} KiB "
             f"at 5 to 8") in readme
     assert limits[3] == limits[4] and len({limits[w] for w in range(5, 9)}) == 1
+    assert f"`max_size` bytes each ({DEFAULT_MAX_SIZE >> 20} MiB by default)" in readme
     assert f"(2 x ranks x {segment >> 20} MiB: {lamport} MiB at 8 ranks)" in readme
+    assert f"x {algorithms.LL_MAX_BYTES >> 10} KiB of data" in readme
     assert f"as {2 * algorithms.LL_MAX_BYTES >> 10} KiB of packets: {ll} MiB at 8 ranks" in readme
     assert f"1 KiB of counters: {ll} MiB at 8 ranks" in design
 

@@ -25,9 +25,13 @@ needs_objdump = pytest.mark.skipif(OBJDUMP is None, reason="no llvm-objdump of L
 needs_cuobjdump = pytest.mark.skipif(CUOBJDUMP is None, reason="no cuobjdump with nvdisasm (pip "
                                      "install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm): SASS "
                                      "not read here")
-# Every collective kernel opens with a start barrier and closes with an exit barrier.
+# Every collective kernel opens with a start barrier and closes with an exit barrier
+# (or releases and acquires flags around its data, FLAG_AROUND_DATA); the signal
+# floor's flag exchange (pyar.bench --latency --signal-floor) releases and acquires as
+# they do.
 COLLECTIVES = ("pyar_allreduce_one_shot", "pyar_allreduce_two_shot", "pyar_allreduce_rmsnorm",
-               "pyar_reduce_scatter", "pyar_all_gather", mc.LL_KERNELS)
+               "pyar_reduce_scatter", "pyar_all_gather", mc.LL_KERNELS,
+               "pyar_test_flag_exchange")
 HIP_ARCHS = ("gfx90a", "gfx942")  # what CI's clang-19 builds
 # Kernels that release their start flag before their data moves and acquire
 # the peers' flags once it has come (pyar_lamport.h, pyar_ll.h): loads between

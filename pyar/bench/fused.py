@@ -14,12 +14,13 @@ unfused path's add + RMSNorm kernel timed alone, every rank's at once
 (``norm_us``, ``norm_eff``: the single-GPU row kernel that the unfused
 baseline stands on).
 
-``allreduce_us`` times the unfused path's all-reduce step alone, and
-``bound`` is ``unfused_us / allreduce_us``: the speedup of a fused kernel
-that cost no more than that all-reduce.  A fused kernel moves the same data
-between the ranks and cannot norm a row before its sum is complete, so
-where ``bound`` is below a speedup target, no fused kernel on this machine
-reaches it.
+``allreduce_us`` times the unfused path's all-reduce step alone (what
+``"auto"`` runs), and ``bound`` is ``unfused_us / allreduce_us``: the
+speedup of a fused kernel that cost no more than that all-reduce.  A fused
+kernel moves the same data between the ranks and cannot norm a row before
+its sum is complete, so where ``bound`` is below a speedup target, a fused
+kernel no faster than pyar's all-reduce cannot reach it (an estimate: a
+fused kernel on a faster protocol than the all-reduce's could).
 """
 import numpy as np
 

@@ -139,16 +139,21 @@ class SignalFloor(Floor):
     flag slot per rank, the count of its exchanges and the count of waits
     that gave up; peers map it through IPC.  ``close`` raises if a wait gave
     up: a floor measured over timeouts would mean nothing."""
-    COUNT, GAVE_UP, BYTES = 8 * 8, 8 * 8 + 8, 8 * 8 + 16   # after kMaxRanks slots
 
     def __init__(self, mpi, stream, graph_calls, timeout_ns):
         super().__init__(mpi, stream, graph_calls)
         rank, world = mpi.Get_rank(), mpi.Get_size()
+        if world > 32:
+            raise ValueError(f"the flag exchange runs a thread a rank in one warp: at most "
+                             f"32 ranks, not {world}")
         self.world, self.timeout_ns = world, timeout_ns
+        # uint64 slots, one a rank; then the uint64 count; then the uint32 give-ups
+        self.count, self.gave_up = 8 * world, 8 * world + 8
+        size = self.gave_up + 8
         self.exchange = _kernels.load("test_kernels").get_function(
             "pyar_test_flag_exchange", ("ptr", "ptr", "ptr", "uint32", "uint64", "ptr"))
-        self.memory = _hip.DeviceMemory(self.BYTES, uncached=True)
-        _hip.memset(self.memory.ptr, 0, self.BYTES)
+        self.memory = _hip.DeviceMemory(size, uncached=True)
+        _hip.memset(self.memory.ptr, 0, size)
         handles = mpi.allgather(_hip.ipc_get_handle(self.memory.ptr))
         self.mappings = [_hip.ipc_open(h) for r, h in enumerate(handles) if r != rank]
         bases = [m.ptr for m in self.mappings]
@@ -159,14 +164,15 @@ class SignalFloor(Floor):
         mpi.Barrier()   # every rank's slots are zero before any rank's first exchange
 
     def launch(self):
+        """Queues one exchange on the stream (a warp: one thread a rank)."""
         m = self.memory.ptr
-        self.exchange.launch(1, 32, (self.peers.ptr, m, m + self.COUNT, self.world,
-                                     self.timeout_ns, m + self.GAVE_UP), 0, self.stream)
+        self.exchange.launch(1, 32, (self.peers.ptr, m, m + self.count, self.world,
+                                     self.timeout_ns, m + self.gave_up), 0, self.stream)
 
     def close(self):
         self.stream.synchronize()
         gave_up = np.zeros(1, np.uint32)
-        _hip.memcpy_dtoh(gave_up, self.memory.ptr + self.GAVE_UP)
+        _hip.memcpy_dtoh(gave_up, self.memory.ptr + self.gave_up)
         self.mpi.Barrier()   # no peer still waits on this rank's slots
         for mapping in self.mappings:
             mapping.close()
@@ -210,7 +216,9 @@ def sweep(args, comm, mpi, largest, show, graph_calls, time_point):
                          else signal.seconds(mode, iterations, args.warmup) * 1e6)
             rows.append(row(moved, count, args.dtype, mode, times, floor_us, wrong, signal_us))
             show(rows[-1])
-    if signal is not None:
-        signal.close()
-    stream.close()
+    try:
+        if signal is not None:
+            signal.close()  # raises where a wait gave up: no floor is reported then
+    finally:
+        stream.close()
     return rows

@@ -248,8 +248,9 @@ PYAR_DEVICE uint32_t block_failed() { return block_state().failed; }
 
 // The pieces of the start barrier that benchmarks/signature_cost.py prices by
 // leaving each out of a test-only build (with PYAR_TEST_NO_IDLE_FILL):
-// PYAR_TEST_NO_SIGNATURE=1 -- the start flag carries no digest and nothing
-// is compared (a call that agrees stores no signature either way);
+// PYAR_TEST_NO_SIGNATURE=1 -- no digest is computed: every flag carries 0,
+// so no comparison disagrees (a call that agrees stores no signature either
+// way);
 // PYAR_TEST_NO_FAILURE_LATCH=1 -- a call
 // neither reads nor sets Signal::failed (nor some_block_failed).  Neither is
 // a positive control: such kernels run correct calls correctly and miss the
