@@ -647,7 +647,7 @@ PYAR_DEVICE void push_rows(const Pack16 *x, uint64_t tokens, const Columns<P> &c
         const Pack16 pushed = pushable(v[k][p]);
         const uint64_t at = slot_offset + c.at(first + k * step, p);
 #pragma unroll
-        for (int r = 0; r < W; ++r) store_pack(peers[r] + at, pushed);
+        for (int r = 0; r < W; ++r) push_pack(peers[r] + at, pushed);
       }
     }
   }

@@ -180,6 +180,21 @@ PYAR_DEVICE Pack16 load_peer(const Pack16 *p) {
 
 PYAR_DEVICE void store_pack(Pack16 *p, const Pack16 &v) { *p = v; }
 
+// A store into a lamport receive slot (pyar_lamport.h): a source's push into
+// a peer's slot, or the owner's emptying of what it took.  A 16-byte store
+// whose 32-bit words are each single-copy atomic -- all the reader needs, as
+// it checks every word for kEmptyWord on its own.
+PYAR_DEVICE void push_pack(Pack16 *p, const Pack16 &v) { store_pack(p, v); }
+
+// A fresh look at a pack peers push into: load_peer (past the
+// per-multiprocessor cache; the region is uncached memory on AMD), issued
+// anew at every call -- the compiler barrier keeps a spin from reusing an
+// earlier load (AMD's nontemporal load is not volatile).
+PYAR_DEVICE Pack16 poll_pack(const Pack16 *p) {
+  asm volatile("" ::: "memory");
+  return load_peer(p);
+}
+
 // --- Warp-level reductions ----------------------------------------------------
 
 constexpr int kWarpSize = PYAR_AMD ? 64 : 32;

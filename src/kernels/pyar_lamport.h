@@ -47,14 +47,6 @@ PYAR_DEVICE bool written(const Pack16 &v) {
 
 PYAR_DEVICE Pack16 empty_pack() { return Pack16{{kEmptyWord, kEmptyWord, kEmptyWord, kEmptyWord}}; }
 
-// A fresh look at a pack peers store into: load_peer (past the
-// per-multiprocessor cache; the region is uncached memory on AMD), issued
-// anew at every call -- the compiler barrier keeps a spin from reusing an
-// earlier load (AMD's nontemporal load is not volatile).
-PYAR_DEVICE Pack16 poll_pack(const Pack16 *p) {
-  asm volatile("" ::: "memory");
-  return load_peer(p);
-}
 
 // The slot of this call and the counters behind it.  Every block of a rank
 // reads its own entry at the start; after the call, block b stores the next
@@ -70,7 +62,12 @@ struct LamportSlots {
   PYAR_DEVICE LamportSlots(void *region) : calls(static_cast<uint32_t *>(region)) {
     count = calls[blockIdx.x];
   }
-  PYAR_DEVICE uint32_t slot() const { return count & (kLamportSlots - 1); }
+  PYAR_DEVICE uint32_t slot() const {
+#if defined(PYAR_TEST_LAMPORT_ONE_SLOT)  // the host build's control: every call in slot 0
+    if (PYAR_TEST_LAMPORT_ONE_SLOT) return 0;
+#endif
+    return count & (kLamportSlots - 1);
+  }
   PYAR_DEVICE void advance() const {
     const uint32_t entry = blockIdx.x + threadIdx.x * gridDim.x;
     if (entry < kMaxBlocks) calls[entry] = count + 1;
@@ -195,7 +192,7 @@ PYAR_DEVICE bool take_packs(const CommState &s, const Pack16 *from, uint64_t seg
   Pack16 *slot = const_cast<Pack16 *>(from);
 #pragma unroll
   for (int r = 0; r < N; ++r)
-    if (r < count) store_pack(slot + (first + r) * segment + i, empty_pack());
+    if (r < count) push_pack(slot + (first + r) * segment + i, empty_pack());
   return ok;
 }
 

@@ -22,8 +22,8 @@
 // (kHostRowThreads).
 //
 // Usage: protocol_driver KERNEL WORLD [--option value ...]
-//   KERNEL     oneshot | twoshot | ll | ll_twoshot | onestage | twostage | split | reducescatter |
-//              allgather, or several joined by '+' that take turns call by
+//   KERNEL     oneshot | twoshot | ll | ll_twoshot | onestage | twostage | split | lamport |
+//              reducescatter | allgather, or several joined by '+' that take turns call by
 //              call (twoshot+twostage: two kernels sharing the partial region
 //              back to back)
 //   --dtype    f32 | f16 | bf16                   (f32)
@@ -59,6 +59,9 @@
 //   --ll-count-bits N  the LL flags' count bits (default: the kernel's)
 //   --ll-reader-delay-us US   the last rank's LL blocks wait US between their
 //                      pushes and their takes (the GPU control's lagging reader)
+//   --lamport-mutation keep-data | one-slot   the lamport kernel's positive
+//                      controls: a reader leaves the packs it took in the slot,
+//                      or every call pushes into slot 0
 //   --large-every P    call c takes --elements elements when c % P == 0, an
 //                      eighth of them otherwise (the LL refresh's tests)   (1)
 //   --late R.US        rank R starts every call US microseconds late
@@ -97,6 +100,11 @@ inline uint32_t ll_count_bits = 0;
 // takes (--ll-reader-delay-us), with
 // -DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns.
 inline uint64_t ll_reader_delay_ns = 0;
+// The lamport kernel's controls (--lamport-mutation), with
+// -DPYAR_TEST_LAMPORT_KEEP_DATA=host::lamport_keep_data
+// -DPYAR_TEST_LAMPORT_ONE_SLOT=host::lamport_one_slot.
+inline bool lamport_keep_data = false;
+inline bool lamport_one_slot = false;
 }  // namespace host
 }  // namespace pyar
 
@@ -134,6 +142,13 @@ using FusedEntry = void (*)(const InputTable *, uint64_t, const Pack16 *, uint64
                             const Pack16 *, const Pack16 *, Pack16 *, Pack16 *, uint8_t *, void *,
                             uint32_t, float, uint32_t, uint32_t, const CommState *, uint64_t,
                             uint64_t, uint32_t);
+// The lamport one-stage: x read in place, its row arguments, state, this rank's
+// region, the regions' offset past the partial scratch, packs per source
+// segment, timeout, signature, call.
+using LamportEntry = void (*)(const Pack16 *, uint64_t, const Pack16 *, const Pack16 *, Pack16 *,
+                              Pack16 *, uint8_t *, void *, uint32_t, float, uint32_t, uint32_t,
+                              const CommState *, void *, uint64_t, uint64_t, uint64_t, uint64_t,
+                              uint32_t);
 using SplitEntry = void (*)(const InputTable *, uint64_t, const Pack16 *, uint64_t, uint32_t,
                             const CommState *, uint64_t, uint64_t, uint32_t);
 using LocalEntry = void (*)(const Pack16 *, uint64_t, const Pack16 *, const Pack16 *, Pack16 *,
@@ -187,6 +202,9 @@ const std::map<std::string, void *> &entries() {
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_one_stage),
       PYAR_NAMED_ROWS(pyar_allreduce_rmsnorm_two_stage),
       PYAR_NAMED_SPLIT(pyar_allreduce_rmsnorm_split),
+      PYAR_NAMED_WORLDS(pyar_allreduce_rmsnorm_lamport_f32_plain_p1),
+      PYAR_NAMED_WORLDS(pyar_allreduce_rmsnorm_lamport_f16_plain_p1),
+      PYAR_NAMED_WORLDS(pyar_allreduce_rmsnorm_lamport_bf16_plain_p1),
       PYAR_NAMED_LOCAL(pyar_add_rmsnorm),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f32_f32),
       PYAR_NAMED_WORLDS(pyar_reduce_scatter_f16_f16),
@@ -239,13 +257,14 @@ struct Options {
   int ll_mutation = 0;
   uint32_t ll_count_bits = 0;
   uint64_t ll_reader_delay_us = 0;
+  std::string lamport_mutation;
   uint64_t large_every = 1;
   uint32_t late_rank = ~0u, late_us = 0;
 
   std::vector<std::string> kernels;  // call c runs kernels[c % size]
 
   static bool fused(const std::string &k) {
-    return k == "onestage" || k == "twostage" || k == "split";
+    return k == "onestage" || k == "twostage" || k == "split" || k == "lamport";
   }
   static bool sharded(const std::string &k) { return k == "reducescatter" || k == "allgather"; }
   static bool ll(const std::string &k) { return k == "ll" || k == "ll_twoshot"; }
@@ -300,7 +319,7 @@ Options parse(int argc, char **argv) {
     const std::string &k = o.kernels.back();
     if (k != "oneshot" && k != "twoshot" && !Options::ll(k) && !Options::fused(k) &&
         !Options::sharded(k))
-      usage("KERNEL is oneshot, twoshot, ll, ll_twoshot, onestage, twostage, split, "
+      usage("KERNEL is oneshot, twoshot, ll, ll_twoshot, onestage, twostage, split, lamport, "
             "reducescatter or allgather, or several joined by '+', not " + o.kernel);
     first = plus + 1;
   }
@@ -327,6 +346,7 @@ Options parse(int argc, char **argv) {
     else if (key == "--ll-mutation") o.ll_mutation = ll_mutation(value);
     else if (key == "--ll-count-bits") o.ll_count_bits = uint32_t(std::stoul(value));
     else if (key == "--ll-reader-delay-us") o.ll_reader_delay_us = std::stoull(value);
+    else if (key == "--lamport-mutation") o.lamport_mutation = value;
     else if (key == "--large-every") o.large_every = std::stoull(value);
     else if (key == "--late") {
       const auto [rank, us] = rank_and_call(key, value);
@@ -364,6 +384,17 @@ Options parse(int argc, char **argv) {
   if (o.large_every == 0) usage("--large-every is 1 or more");
   if (o.ll_count_bits && (o.ll_count_bits < 3 || o.ll_count_bits > 16))
     usage("--ll-count-bits is 3..16");
+  if (!o.lamport_mutation.empty() && o.lamport_mutation != "keep-data" &&
+      o.lamport_mutation != "one-slot")
+    usage("--lamport-mutation is keep-data or one-slot, not " + o.lamport_mutation);
+  if (std::count(o.kernels.begin(), o.kernels.end(), "lamport")) {
+    // fused_plan.lamport_refusal: rows of one pack a thread, a call in one segment
+    const uint64_t itemsize = o.dtype == "f32" ? 4 : 2, row_bytes = o.hidden * itemsize;
+    if (o.registered()) usage("the lamport kernel reads its input in place: never registered");
+    if (row_bytes % 16 || row_bytes / 16 > kHostRowThreads)
+      usage("a lamport row is whole packs, one a thread: --hidden too large");
+    if (o.tokens * row_bytes > o.max_size) usage("a lamport call must fit --max-size");
+  }
   const bool ll = std::any_of(o.kernels.begin(), o.kernels.end(), Options::ll);
   if (ll && o.registered()) usage("the LL kernels read their input in place: never registered");
   if (ll && o.elements * 4 > o.max_size) {
@@ -392,7 +423,7 @@ uint64_t signature(const std::string &kernel, uint64_t count, const std::string 
                    bool registered, uint32_t variant) {
   static const std::map<std::string, uint64_t> operations = {
       {"oneshot", 1}, {"twoshot", 2}, {"onestage", 3}, {"twostage", 4}, {"split", 5},
-      {"reducescatter", 6}, {"allgather", 7}, {"ll", 9}, {"ll_twoshot", 10}};
+      {"reducescatter", 6}, {"allgather", 7}, {"lamport", 8}, {"ll", 9}, {"ll_twoshot", 10}};
   const uint64_t dtype_code = dtype == "f32" ? 1 : dtype == "f16" ? 2 : 3;
   return count | operations.at(kernel) << 40 | dtype_code << 48 | uint64_t(registered) << 52 |
          uint64_t(variant) << 53;
@@ -439,6 +470,10 @@ struct Rank {
   pyar::Signal *signal() { return reinterpret_cast<pyar::Signal *>(buffer.data()); }
   Pack16 *scratch() { return buffer.data() + sizeof(pyar::Signal) / 16; }
   void *ll_region(uint64_t max_size) { return scratch() + 2 * max_size / 16; }
+  // past the LL region (`ll_bytes` of it): the same offset on every rank
+  void *lamport_region(uint64_t max_size, uint64_t ll_bytes) {
+    return static_cast<char *>(ll_region(max_size)) + ll_bytes;
+  }
 };
 
 // --- one rank's stream ---------------------------------------------------------
@@ -454,7 +489,13 @@ struct Run {
     for (uint32_t r = 0; r < o.world; ++r) {
       Rank &k = ranks[r];
       k.rank = r;
-      k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size + ll_region_bytes());
+      k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size + ll_region_bytes() +
+                        lamport_region_bytes());
+      // layout.lamport_region: zero counters, every word of both slots empty
+      uint32_t *slots = reinterpret_cast<uint32_t *>(lamport_region(k)) +
+                        pyar::kLamportHeaderBytes / 4;
+      std::fill(slots, slots + (lamport_region_bytes() - pyar::kLamportHeaderBytes) / 4,
+                pyar::kEmptyWord);
       if (o.set_epoch) start_epochs(k.signal(), o.epoch_start, o.stale);
     }
     for (uint32_t r = 0; r < o.world; ++r) {
@@ -477,6 +518,14 @@ struct Run {
   uint64_t ll_region_bytes() const {
     return pyar::kLLHeaderBytes + pyar::kLLGenerations * o.world * ll_capacity() * 8;
   }
+
+  // The lamport region: its counters, then two slots of a segment per rank,
+  // each of max_size / 16 packs (a call of max_size bytes at most).
+  uint64_t lamport_segment() const { return o.max_size / 16; }
+  uint64_t lamport_region_bytes() const {
+    return pyar::kLamportHeaderBytes + pyar::kLamportSlots * o.world * o.max_size;
+  }
+  void *lamport_region(Rank &k) const { return k.lamport_region(o.max_size, ll_region_bytes()); }
 
   // The test hook of epoch wrap: as if this many calls had run already, the
   // last 2^31 of them (--stale) without storing into phase `stale`'s slots.
@@ -726,6 +775,17 @@ struct Run {
                uint32_t(hidden), eps, pyar::kNoQuant, uint32_t(hidden),
                o.failed_word ? &k.signal()->some_block_failed : nullptr);
         });
+      } else if (name == "lamport") {  // fused_plan.lamport: x in place, one launch
+        const auto kernel = reinterpret_cast<LamportEntry>(entry(fused_name(name, g)));
+        const Pack16 *x = reinterpret_cast<const Pack16 *>(k.x.as<T>() + first * hidden);
+        void *region = lamport_region(k);
+        const uint64_t region_offset = uint64_t(static_cast<char *>(region) -
+                                                reinterpret_cast<char *>(k.state.partial[k.rank]));
+        host::launch(g.blocks, g.threads, [&] {
+          kernel(x, count, res, k.weight.data(), res, dst, nullptr, nullptr, uint32_t(hidden), eps,
+                 pyar::kNoQuant, uint32_t(hidden), &k.state, region, region_offset,
+                 lamport_segment(), timeout_ns, sig, call);
+        });
       } else {
         const auto kernel = reinterpret_cast<FusedEntry>(entry(fused_name(name, g)));
         host::launch(g.blocks, g.threads, [&] {
@@ -864,6 +924,7 @@ struct Run {
   std::string fused_name(const std::string &name, const RowGeometry &g) const {
     const std::string p = "_p" + std::to_string(g.per_thread) + "_w" + std::to_string(o.world);
     if (name == "split") return "pyar_allreduce_rmsnorm_split_" + o.dtype + p;
+    if (name == "lamport") return "pyar_allreduce_rmsnorm_lamport_" + o.dtype + "_plain" + p;
     const std::string algo = name == "onestage" ? "one_stage" : "two_stage";
     return "pyar_allreduce_rmsnorm_" + algo + "_" + o.dtype + "_plain" + p;
   }
@@ -946,6 +1007,14 @@ int main(int argc, char **argv) {
 #else
   if (o.ll_reader_delay_us)
     usage("--ll-reader-delay-us needs -DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns");
+#endif
+#if defined(PYAR_TEST_LAMPORT_KEEP_DATA) && defined(PYAR_TEST_LAMPORT_ONE_SLOT)
+  host::lamport_keep_data = o.lamport_mutation == "keep-data";
+  host::lamport_one_slot = o.lamport_mutation == "one-slot";
+#else
+  if (!o.lamport_mutation.empty())
+    usage("--lamport-mutation needs -DPYAR_TEST_LAMPORT_KEEP_DATA=host::lamport_keep_data "
+          "-DPYAR_TEST_LAMPORT_ONE_SLOT=host::lamport_one_slot");
 #endif
 #if defined(PYAR_TEST_STAGE_MUTATION)
   host::stage_mutation = o.stage_mutation;

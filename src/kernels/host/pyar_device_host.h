@@ -11,7 +11,8 @@
 //     race TSan reports;
 //   - the error record is written and read with relaxed atomics (volatile on
 //     the GPU: host-visible words, written once), and so are LL packets
-//     (one relaxed 64-bit atomic each, as on the GPU);
+//     (one relaxed 64-bit atomic each, as on the GPU) and the words of the
+//     lamport kernels' pushed packs (one relaxed 32-bit atomic each);
 //   - spins are bounded by a host clock, and let the block's other lanes run.
 #pragma once
 
@@ -131,6 +132,25 @@ PYAR_DEVICE Pack16 load_peer(const Pack16 *p) {
 }
 
 PYAR_DEVICE void store_pack(Pack16 *p, const Pack16 &v) { *p = v; }
+
+// A store into a lamport receive slot (a push, or the owner's emptying) and a
+// poll of one: each 32-bit word a relaxed atomic, as each word of the GPU's
+// 16-byte store is single-copy atomic; the reader judges every word on its
+// own (pyar_lamport.h written), so nothing orders the four.
+PYAR_DEVICE void push_pack(Pack16 *p, const Pack16 &v) {
+  host::maybe_delay();
+  for (int j = 0; j < 4; ++j)
+    std::atomic_ref<uint32_t>(p->w[j]).store(v.w[j], std::memory_order_relaxed);
+}
+
+PYAR_DEVICE Pack16 poll_pack(const Pack16 *p) {
+  host::maybe_delay();
+  Pack16 v;
+  for (int j = 0; j < 4; ++j)
+    v.w[j] = std::atomic_ref<uint32_t>(const_cast<uint32_t &>(p->w[j]))
+                 .load(std::memory_order_relaxed);
+  return v;
+}
 
 constexpr int kWarpSize = int(host::kHostWarpSize);
 
