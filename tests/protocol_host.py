@@ -1,6 +1,7 @@
 """The host build of the kernels under ThreadSanitizer, shared by
-tests/test_protocol_host.py (the barrier kernels) and tests/test_ll_host.py
-(the LL all-reduce): src/kernels/host/protocol_driver.cpp's build flags and
+tests/test_protocol_host.py (the barrier kernels), tests/test_ll_host.py (the LL
+all-reduce) and tests/test_lamport_host.py (the lamport fused kernel):
+src/kernels/host/protocol_driver.cpp's build flags and
 build (tests/conftest.py's ``driver`` fixture builds it once a pytest run),
 one run of it and what the run found."""
 import json

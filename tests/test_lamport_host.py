@@ -5,8 +5,10 @@ several rows a block, across the 32-bit epoch wrap, and taking turns with the ba
 one-stage; it records disagreements and absent ranks like the barrier kernels; and each
 of its rules' controls (PYAR_TEST_LAMPORT_KEEP_DATA: a reader leaves what it took in the
 slot; PYAR_TEST_LAMPORT_ONE_SLOT: every call pushes into slot 0) must be caught.  Its
-pushes and polls are 32-bit relaxed atomics a word (each word of the GPU's 16-byte store
-is single-copy atomic); everything else moves as plain memory that TSan watches.
+pushes, polls and emptying stores are 32-bit relaxed atomics a word (each word of the
+GPU's 16-byte store is single-copy atomic), so TSan sees no race on a slot: slot misuse
+shows as wrong outputs or timeouts, which the controls show it does; the rows' sums and
+outputs move as plain memory that TSan watches.
 """
 import pytest
 
@@ -42,8 +44,8 @@ def test_lamport_half_types(driver, dtype):
 LAMPORT_MUTATIONS = {
     "keep-data": "a reader leaves the packs it took: the call two later takes them as its "
                  "own before the peers push",
-    "one-slot": "every call pushes into slot 0: a rank one call ahead overwrites or sees "
-                "emptied packs a peer has not taken",
+    "one-slot": "every call pushes into slot 0: a rank one call ahead overwrites packs a "
+                "peer has not taken, or the peer's emptying erases its push (a timeout)",
 }
 
 

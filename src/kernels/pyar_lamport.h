@@ -47,7 +47,6 @@ PYAR_DEVICE bool written(const Pack16 &v) {
 
 PYAR_DEVICE Pack16 empty_pack() { return Pack16{{kEmptyWord, kEmptyWord, kEmptyWord, kEmptyWord}}; }
 
-
 // The slot of this call and the counters behind it.  Every block of a rank
 // reads its own entry at the start; after the call, block b stores the next
 // count into entries b, b + G, b + 2G, .. (G blocks), so every entry holds

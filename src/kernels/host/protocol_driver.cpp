@@ -269,6 +269,7 @@ struct Options {
   static bool sharded(const std::string &k) { return k == "reducescatter" || k == "allgather"; }
   static bool ll(const std::string &k) { return k == "ll" || k == "ll_twoshot"; }
   bool any_fused() const { return std::any_of(kernels.begin(), kernels.end(), fused); }
+  bool lamport() const { return std::count(kernels.begin(), kernels.end(), "lamport") > 0; }
   const std::string &kernel_of(uint64_t call) const { return kernels[call % kernels.size()]; }
   uint64_t elements_of(uint64_t call) const {
     if (fused(kernel_of(call))) return tokens * hidden;
@@ -387,10 +388,13 @@ Options parse(int argc, char **argv) {
   if (!o.lamport_mutation.empty() && o.lamport_mutation != "keep-data" &&
       o.lamport_mutation != "one-slot")
     usage("--lamport-mutation is keep-data or one-slot, not " + o.lamport_mutation);
-  if (std::count(o.kernels.begin(), o.kernels.end(), "lamport")) {
+  if (!o.lamport_mutation.empty() && !o.lamport())
+    usage("--lamport-mutation is for the lamport kernel");
+  if (o.lamport()) {
     // fused_plan.lamport_refusal: rows of one pack a thread, a call in one segment
     const uint64_t itemsize = o.dtype == "f32" ? 4 : 2, row_bytes = o.hidden * itemsize;
-    if (o.registered()) usage("the lamport kernel reads its input in place: never registered");
+    if (o.variant != "staged")
+      usage("the lamport kernel reads its input in place: no --variant (registered, copied)");
     if (row_bytes % 16 || row_bytes / 16 > kHostRowThreads)
       usage("a lamport row is whole packs, one a thread: --hidden too large");
     if (o.tokens * row_bytes > o.max_size) usage("a lamport call must fit --max-size");
@@ -451,7 +455,7 @@ struct RowGeometry {
 struct Rank {
   uint32_t rank = 0;
   // Signal area | staging scratch | partial region (two-shot, two-stage gather) |
-  // LL receive region
+  // LL receive region | lamport receive region (runs of lamport only)
   Memory buffer;
   CommState state{};
   InputTable staged{}, registered{};
@@ -492,10 +496,12 @@ struct Run {
       k.buffer = Memory(sizeof(pyar::Signal) + 2 * o.max_size + ll_region_bytes() +
                         lamport_region_bytes());
       // layout.lamport_region: zero counters, every word of both slots empty
-      uint32_t *slots = reinterpret_cast<uint32_t *>(lamport_region(k)) +
-                        pyar::kLamportHeaderBytes / 4;
-      std::fill(slots, slots + (lamport_region_bytes() - pyar::kLamportHeaderBytes) / 4,
-                pyar::kEmptyWord);
+      if (o.lamport()) {
+        uint32_t *slots = reinterpret_cast<uint32_t *>(lamport_region(k)) +
+                          pyar::kLamportHeaderBytes / 4;
+        std::fill(slots, slots + (lamport_region_bytes() - pyar::kLamportHeaderBytes) / 4,
+                  pyar::kEmptyWord);
+      }
       if (o.set_epoch) start_epochs(k.signal(), o.epoch_start, o.stale);
     }
     for (uint32_t r = 0; r < o.world; ++r) {
@@ -523,6 +529,7 @@ struct Run {
   // each of max_size / 16 packs (a call of max_size bytes at most).
   uint64_t lamport_segment() const { return o.max_size / 16; }
   uint64_t lamport_region_bytes() const {
+    if (!o.lamport()) return 0;
     return pyar::kLamportHeaderBytes + pyar::kLamportSlots * o.world * o.max_size;
   }
   void *lamport_region(Rank &k) const { return k.lamport_region(o.max_size, ll_region_bytes()); }
@@ -756,7 +763,8 @@ struct Run {
     for (uint64_t first = 0; first < tokens; first += chunk) {
       const uint64_t count = std::min(chunk, tokens - first);
       const auto [table, in_offset, stage_from] =
-          chunk_input(k, first * row_bytes, count * row_bytes);
+          name == "lamport" ? ChunkInput{nullptr, 0, nullptr}  // x read in place
+                            : chunk_input(k, first * row_bytes, count * row_bytes);
       const RowGeometry g = row_launch(count, sizeof(T));
       if (k.geometry.blocks == 0) k.geometry = g;
       const uint32_t call = k.call++;
