@@ -23,7 +23,7 @@ from pyar.bench import exact, measure
 from pyar.bench.points import points
 from pyar.bench.sizes import human_bytes
 from pyar.bench.table import Table
-from pyar.comm import algorithms, plan
+from pyar.comm import algorithms, exchange, plan
 
 ALGOS = ("oneshot", "twoshot", "ll", "ll_twoshot")
 # The row field (and column) of each algorithm's microseconds.
@@ -154,8 +154,11 @@ class SignalFloor(Floor):
             "pyar_test_flag_exchange", ("ptr", "ptr", "ptr", "uint32", "uint64", "ptr"))
         self.memory = _hip.DeviceMemory(size, uncached=True)
         _hip.memset(self.memory.ptr, 0, size)
-        handles = mpi.allgather(_hip.ipc_get_handle(self.memory.ptr))
-        self.mappings = [_hip.ipc_open(h) for r, h in enumerate(handles) if r != rank]
+        # run_everywhere: a handle that fails on one rank raises on all, not a hang
+        handles = mpi.allgather(exchange.run_everywhere(mpi, _hip.ipc_get_handle,
+                                                        self.memory.ptr))
+        self.mappings = exchange.run_everywhere(
+            mpi, lambda: [_hip.ipc_open(h) for r, h in enumerate(handles) if r != rank])
         bases = [m.ptr for m in self.mappings]
         bases.insert(rank, self.memory.ptr)
         self.peers = _hip.DeviceMemory(8 * world)

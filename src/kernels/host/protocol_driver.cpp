@@ -474,10 +474,6 @@ struct Rank {
   pyar::Signal *signal() { return reinterpret_cast<pyar::Signal *>(buffer.data()); }
   Pack16 *scratch() { return buffer.data() + sizeof(pyar::Signal) / 16; }
   void *ll_region(uint64_t max_size) { return scratch() + 2 * max_size / 16; }
-  // past the LL region (`ll_bytes` of it): the same offset on every rank
-  void *lamport_region(uint64_t max_size, uint64_t ll_bytes) {
-    return static_cast<char *>(ll_region(max_size)) + ll_bytes;
-  }
 };
 
 // --- one rank's stream ---------------------------------------------------------
@@ -532,7 +528,10 @@ struct Run {
     if (!o.lamport()) return 0;
     return pyar::kLamportHeaderBytes + pyar::kLamportSlots * o.world * o.max_size;
   }
-  void *lamport_region(Rank &k) const { return k.lamport_region(o.max_size, ll_region_bytes()); }
+  // past the LL region: the same offset from the partial region on every rank
+  void *lamport_region(Rank &k) const {
+    return static_cast<char *>(k.ll_region(o.max_size)) + ll_region_bytes();
+  }
 
   // The test hook of epoch wrap: as if this many calls had run already, the
   // last 2^31 of them (--stale) without storing into phase `stale`'s slots.
