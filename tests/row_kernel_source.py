@@ -1,7 +1,8 @@
-"""src/kernels/allreduce_rmsnorm.cu as the CPU tests read it: macro
-continuation lines joined, then the entry names and parameter lists its
-macros define, ``struct RowArgs``, the instantiations and the ``QuantKind``
-codes, parsed with regular expressions (no compiler needed).
+"""src/kernels/allreduce_rmsnorm.cu, after the row code it includes
+(pyar_rows.h), as the CPU tests read it: macro continuation lines joined,
+then the entry names and parameter lists its macros define, ``struct
+RowArgs`` (pyar_rows.h), the instantiations and the ``QuantKind`` codes,
+parsed with regular expressions (no compiler needed).
 
 Parameters come back as [(C type, name)]; ``kind`` turns a C type into the
 pyar._hip argument kind the host passes it as (pyar.comm.kernels' *_ARGS).
@@ -27,8 +28,8 @@ def read(name):
 
 
 def joined():
-    """allreduce_rmsnorm.cu with macro continuation lines joined."""
-    return re.sub(r"\\\n", " ", read("allreduce_rmsnorm.cu"))
+    """pyar_rows.h then allreduce_rmsnorm.cu, macro continuation lines joined."""
+    return re.sub(r"\\\n", " ", read("pyar_rows.h") + read("allreduce_rmsnorm.cu"))
 
 
 @pytest.fixture(scope="module")

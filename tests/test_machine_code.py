@@ -360,7 +360,7 @@ def test_one_shot_peer_loads_go_out_in_one_wave(cuda_fatbins):
 def test_fused_one_stage_first_row_waits_for_memory_at_most_twice(cuda_fatbins):
     """Speed, not ordering: every one-stage fused kernel of one pack a thread on
     sm_90 has issued its first row's W peer loads after at most two round trips
-    (allreduce_rmsnorm.cu, norm_rows: the kernels of 5-8 ranks summed that row a
+    (pyar_rows.h, norm_rows: the kernels of 5-8 ranks summed that row a
     second time on a block's last row and took up to 9); and the count grows
     when each load's register is used before the next load goes out."""
     code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce_rmsnorm.fatbin"], "sm_90")

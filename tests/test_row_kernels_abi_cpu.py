@@ -8,7 +8,8 @@ single-GPU kernels' launches.
 
 How this runs without a GPU:
 
-* The kernel source is parsed (tests/row_kernel_source.py): the entry
+* The kernel source (with its row code, pyar_rows.h) is parsed
+  (tests/row_kernel_source.py): the entry
   names and parameter lists its macros define, ``struct RowArgs``, the
   ``pyar_rmsnorm_layout`` initializer and the ``QuantKind`` codes.
 * The host asks recording modules for its kernels (tests/row_stand_ins.py):

@@ -3,8 +3,8 @@ their entry points are named, the argument types of each, the error record
 they write, and the loaded functions of one world, each looked up once.
 
 Every name here mirrors a definition in src/kernels (allreduce.cu,
-shards.cu, allreduce_rmsnorm.cu, rail.cu, pyar_protocol.h); the CPU tests
-hold each against the source.
+shards.cu, allreduce_rmsnorm.cu, pyar_rows.h, rail.cu, pyar_protocol.h); the
+CPU tests hold each against the source.
 """
 import ml_dtypes
 import numpy as np
@@ -37,7 +37,7 @@ LL_ARGS = ("ptr", "ptr", "ptr", "ptr", "uint64", "uint64", "uint64", "uint64", "
 # out, state, n, shard, first, count, timeout_ns, signature, call.
 SHARD_ARGS = ("ptr", "uint64", "uint64", "ptr", "ptr", "uint64", "uint64", "uint64",
               "uint64", "uint64", "uint64", "uint32")
-# struct RowArgs (allreduce_rmsnorm.cu): residual, weight, residual_out, y, q,
+# struct RowArgs (pyar_rows.h): residual, weight, residual_out, y, q,
 # scales, hidden, eps, quant, group.
 ROW_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "uint32", "float32", "uint32", "uint32")
 # one_stage/two_stage: input table, pack offset, the input to stage, tokens,

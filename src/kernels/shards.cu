@@ -79,9 +79,9 @@ PYAR_DEVICE void reduce_scatter(const InputTable *in, uint64_t in_offset, uint64
 // Every rank's chunk of its shard, copied into place: peer q's element j,
 // at in_offset + j of its buffer, goes to out[q * shard + first + j].  The
 // peers go in groups of up to four, pack i of each loaded before any is
-// stored (64 bytes in flight per thread, as in sum_ranks of
-// allreduce_rmsnorm.cu: more would hold the larger worlds' registers past
-// two blocks per multiprocessor).
+// stored (64 bytes in flight per thread, as in sum_ranks of pyar_rows.h:
+// more would hold the larger worlds' registers past two blocks per
+// multiprocessor).
 template <typename T, int W>
 PYAR_DEVICE void all_gather(const InputTable *in, uint64_t in_offset, T *out,
                             const CommState *state, uint64_t n, uint64_t shard, uint64_t first,
