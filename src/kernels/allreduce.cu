@@ -5,6 +5,8 @@
 
 #include "pyar_ll.h"
 #include "pyar_protocol.h"
+#include "pyar_staging.h"
+#include "pyar_sums.h"
 
 namespace pyar {
 

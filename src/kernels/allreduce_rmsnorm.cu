@@ -35,6 +35,8 @@
 #include "pyar_lamport.h"
 #include "pyar_protocol.h"
 #include "pyar_rows.h"
+#include "pyar_staging.h"
+#include "pyar_sums.h"
 
 namespace pyar {
 

@@ -22,6 +22,7 @@
 
 #include "pyar_protocol.h"
 #include "pyar_quant.h"
+#include "pyar_sums.h"
 
 namespace pyar {
 

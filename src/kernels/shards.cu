@@ -14,6 +14,7 @@
 // barrier is what lets a rank reuse its input (or restage its scratch) once
 // it returns.  The start barrier also compares the ranks' call signatures.
 #include "pyar_protocol.h"
+#include "pyar_sums.h"
 
 namespace pyar {
 
