@@ -34,10 +34,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tarfile
-import tempfile
 
 import numpy as np
 
@@ -74,14 +71,7 @@ def build_kernels(out_dir, arch):
         if commit is None:
             kernel_builds.build(folder, (arch,), defines, ["allreduce.cu"])
         else:
-            with tempfile.TemporaryDirectory() as tree:
-                archive = os.path.join(tree, "src.tar")
-                subprocess.run(["git", "-C", ROOT, "archive", "-o", archive, commit,
-                                "src/kernels"], check=True)
-                with tarfile.open(archive) as tar:
-                    tar.extractall(tree, filter="data")
-                kernel_builds.build(folder, (arch,), defines, ["allreduce.cu"],
-                                    source=os.path.join(tree, "src", "kernels"))
+            kernel_builds.build_commit(folder, (arch,), defines, ["allreduce.cu"], commit)
         print(f"built {name} ({commit or 'this tree'}{''.join(' -D' + d for d in defines)}) "
               f"into {folder}")
 

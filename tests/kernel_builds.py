@@ -3,7 +3,10 @@ build_kernels.build of src/kernels, or of another commit's kernel sources, for t
 targets, through the kernel cache, so the tests reuse what the install compiled instead of
 compiling again."""
 import os
+import subprocess
 import sys
+import tarfile
+import tempfile
 
 import pytest
 
@@ -21,3 +24,14 @@ def build(folder, archs, defines=(), names=None, source=KERNELS):
         patch.setenv("PYAR_GPU_ARCHS", ";".join(archs))
         made = build_kernels.build(source, str(folder), defines, names)
     return {os.path.basename(path): path for path in made}
+
+
+def build_commit(folder, archs, defines, names, commit):
+    """build() of the kernel sources of ``commit`` (read with git archive)."""
+    with tempfile.TemporaryDirectory() as tree:
+        archive = os.path.join(tree, "src.tar")
+        subprocess.run(["git", "-C", ROOT, "archive", "-o", archive, commit, "src/kernels"],
+                       check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(tree, filter="data")
+        return build(folder, archs, defines, names, source=os.path.join(tree, "src", "kernels"))

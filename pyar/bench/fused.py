@@ -63,7 +63,7 @@ class Buffers:
         self.y = pyar.empty(shape, dtype, stream=stream)
         self.r = pyar.empty(shape, dtype, stream=stream)
         self.kind = kind
-        self.q_width, self.q_dtype, self.scale_width, self.scale_dtype = _quant_shapes(
+        self.q_width, self.q_dtype, self.scale_width, self.scale_dtype = quant_shapes(
             kind, hidden)
         self.q = pyar.empty((tokens, self.q_width), self.q_dtype, stream=stream)
         self.scales = pyar.empty((tokens, self.scale_width), self.scale_dtype, stream=stream)
@@ -74,7 +74,9 @@ class Buffers:
                                              device=a.device)
 
 
-def _quant_shapes(kind, hidden):
+def quant_shapes(kind, hidden):
+    """(width, dtype) of the quantized rows and of the scales of ``kind``
+    (fp8_per_group: the default groups of 128)."""
     if kind == "mxfp4":
         return hidden // 2, np.dtype(np.uint8), hidden // 32, np.dtype(np.uint8)
     groups = hidden // 128 if kind == "fp8_per_group" else 1
