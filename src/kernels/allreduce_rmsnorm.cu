@@ -157,15 +157,29 @@ struct PushedRows {
   }
 };
 
-// Block b's rows b, b + G, .. of this rank's input x, stored into slot
-// `slot_offset` of every rank's region at this rank's segment (`peers`):
-// kBatch rows' packs loaded before any is stored.
+// Row `row` of this rank's input (its packs `v`), stored into slot
+// `slot_offset` of every rank's region at this rank's segment (`peers`).
+template <int P, int W>
+PYAR_DEVICE void push_row(const Pack16 (&v)[P], uint64_t row, const Columns<P> &c,
+                          const RankTable<W> &peers, uint64_t slot_offset) {
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    if (!c.holds(p)) continue;
+    const Pack16 pushed = pushable(v[p]);
+    const uint64_t at = slot_offset + c.at(row, p);
+#pragma unroll
+    for (int r = 0; r < W; ++r) push_pack(peers[r] + at, pushed);
+  }
+}
+
+// Block b's rows from `start` on (start, start + G, ..) of this rank's input
+// x, pushed (push_row): kBatch rows' packs loaded before any is stored.
 template <int P, int W>
 PYAR_DEVICE void push_rows(const Pack16 *x, uint64_t tokens, const Columns<P> &c,
-                           const RankTable<W> &peers, uint64_t slot_offset) {
+                           const RankTable<W> &peers, uint64_t slot_offset, uint64_t start) {
   constexpr int kBatch = P < 4 ? 4 / P : 1;
   const uint64_t step = gridDim.x;
-  for (uint64_t first = blockIdx.x; first < tokens; first += kBatch * step) {
+  for (uint64_t first = start; first < tokens; first += kBatch * step) {
     Pack16 v[kBatch][P];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k)
@@ -175,17 +189,26 @@ PYAR_DEVICE void push_rows(const Pack16 *x, uint64_t tokens, const Columns<P> &c
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       if (first + k * step >= tokens) break;
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        if (!c.holds(p)) continue;
-        const Pack16 pushed = pushable(v[k][p]);
-        const uint64_t at = slot_offset + c.at(first + k * step, p);
-#pragma unroll
-        for (int r = 0; r < W; ++r) push_pack(peers[r] + at, pushed);
-      }
+      push_row<P, W>(v[k], first + k * step, c, peers, slot_offset);
     }
   }
 }
+
+// The block's first row of x (`head`) and of the residual (`res`): loaded
+// before the block begins its epoch with kEarlyLoads, after the call's
+// announcement without (on AMD the flag's release waits for loads in
+// flight, so those come after it).
+template <typename T, int P>
+struct FirstRow {
+  ResidualRow<T, P> res;
+  Pack16 head[P];
+  PYAR_DEVICE void load(const Pack16 *x, uint64_t tokens, const Columns<P> &c,
+                        const Pack16 *residual) {
+    res.load(c, residual, first_row(tokens));
+#pragma unroll
+    for (int p = 0; p < P; ++p) head[p] = x[c.at(first_row(tokens), p)];
+  }
+};
 
 // One-stage with pushed rows (pyar_lamport.h): every rank stores its rows
 // into every rank's receive slot, then norms whole rows from its own slot.
@@ -226,16 +249,22 @@ PYAR_DEVICE void lamport(const Pack16 *x, uint64_t tokens, const RowArgs &a,
                          uint64_t segment, const CallInfo &info) {
   const CommState &s = *state;
   const RowContext<T, P> ctx(a);
+  FirstRow<T, P> mine;
+  if (kEarlyLoads) mine.load(x, tokens, ctx.cols, a.residual);
   const LamportSlots slots(region);
   const RankTable<W> peers = RankTable<W>::template fill<0>(
       s.partial, (region_offset + kLamportHeaderBytes) / sizeof(Pack16) + s.rank * segment);
   const uint32_t epoch = BlockEpoch::begin(s, info);
   if (announce<W>(epoch)) {
-    // issued after the flag's release, which would wait for it on AMD
-    ResidualRow<T, P> res;
-    res.load(ctx.cols, a.residual, first_row(tokens));
     const uint64_t slot_offset = uint64_t(slots.slot()) * W * segment;
-    push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset);
+    if (kEarlyLoads) {
+      if (blockIdx.x < tokens) push_row<P, W>(mine.head, blockIdx.x, ctx.cols, peers, slot_offset);
+      push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset, blockIdx.x + gridDim.x);
+    } else {
+      mine.res.load(ctx.cols, a.residual, first_row(tokens));
+      push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset, blockIdx.x);
+    }
+    ResidualRow<T, P> &res = mine.res;
     const PushedRows<T, P, W> rows{
         &s,
         reinterpret_cast<const Pack16 *>(static_cast<const char *>(region) +
