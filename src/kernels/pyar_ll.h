@@ -126,6 +126,12 @@ PYAR_DEVICE bool refresh_call(uint32_t count) {
   return (count & ((1u << (ll_count_bits() - 2)) - 1u)) < 2u;
 }
 
+// The 4-byte words of an input of n elements of T (the last one padded).
+template <typename T>
+PYAR_DEVICE uint64_t input_words(uint64_t n) {
+  return (n * sizeof(T) + 3) / 4;
+}
+
 // Word i of an input of n elements of T: one float32, or two 16-bit
 // elements (the second 0 past the end).
 template <typename T>
@@ -334,11 +340,10 @@ struct LLCall {
 template <typename T, int W>
 PYAR_DEVICE void ll(const void *x, void *out, const CommState *state, void *region,
                     uint64_t region_offset, uint64_t capacity, uint64_t n, const CallInfo &info) {
-  const uint32_t head = kEarlyLoads && first_word() < (n * sizeof(T) + 3) / 4
-                            ? input_word<T>(x, n, first_word())
-                            : 0u;
+  const uint32_t head =
+      kEarlyLoads && first_word() < input_words<T>(n) ? input_word<T>(x, n, first_word()) : 0u;
   LLCall<W> c(state, region, info);
-  const uint64_t words = (n * sizeof(T) + 3) / 4;
+  const uint64_t words = input_words<T>(n);
   if (announce<W>(c.epoch)) {
     const BlockState &block = block_state();
     c.begin(block, region, region_offset, capacity);
@@ -404,7 +409,7 @@ PYAR_DEVICE void ll_twoshot(const void *x, void *out, const CommState *state, vo
                             const CallInfo &info) {
   uint32_t head[W];
   if constexpr (kEarlyLoads) {
-    const uint64_t words = (n * sizeof(T) + 3) / 4, shard = (words + W - 1) / W;
+    const uint64_t words = input_words<T>(n), shard = (words + W - 1) / W;
 #pragma unroll
     for (int q = 0; q < W; ++q) {
       const uint64_t i = q * shard + first_word();
@@ -412,7 +417,7 @@ PYAR_DEVICE void ll_twoshot(const void *x, void *out, const CommState *state, vo
     }
   }
   LLCall<W> c(state, region, info);
-  const uint64_t words = (n * sizeof(T) + 3) / 4;
+  const uint64_t words = input_words<T>(n);
   const uint64_t shard = (words + W - 1) / W;
   const uint64_t half = capacity / 2;
   if (announce<W>(c.epoch)) {

@@ -291,7 +291,7 @@ struct Run {
     const bool skipped = c == o.disagree_call;  // as in allreduce_call
     if (skipped && !o.in_place) std::memset(k.out.data(), 0xff, k.out.packs.size() * 16);
     const std::vector<Pack16> before = (o.in_place ? k.x : k.out).packs;
-    uint64_t words = (n * sizeof(T) + 3) / 4;
+    uint64_t words = pyar::input_words<T>(n);
     if (two_shot) words = (words + o.world - 1) / o.world;  // a shard's
     const uint64_t wanted = std::max<uint64_t>(1, (words + pyar::kThreads - 1) / pyar::kThreads);
     const uint32_t blocks = uint32_t(std::min<uint64_t>(o.blocks, wanted));
