@@ -44,12 +44,10 @@ DELAYS = ("--jitter", "400", "--sleep-us", "200", "--delay-us", "300")
 WRAP_START = str(2**32 - 4)  # epochs 2**32 - 3 .. 2**32 - 1, 0, 1, ... in the first calls
 
 
-def build_driver(folder, defines=()):
-    """protocol_driver.cpp under ThreadSanitizer (and ``defines``, NAME=VALUE) into
-    ``folder``; its path."""
+def build_driver(folder):
+    """protocol_driver.cpp under ThreadSanitizer into ``folder``; its path."""
     exe = os.path.join(str(folder), "protocol_driver")
-    cmd = [CXX, *CXXFLAGS, *(f"-D{d}" for d in defines), "-I", KERNELS, DRIVER, "-o", exe,
-           "-pthread"]
+    cmd = [CXX, *CXXFLAGS, "-I", KERNELS, DRIVER, "-o", exe, "-pthread"]
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, " ".join(cmd) + "\n" + done.stdout + done.stderr

@@ -194,10 +194,12 @@ PYAR_DEVICE void push_rows(const Pack16 *x, uint64_t tokens, const Columns<P> &c
   }
 }
 
-// The block's first row of x (`head`) and of the residual (`res`): loaded
-// before the block begins its epoch with kEarlyLoads, after the call's
-// announcement without (on AMD the flag's release waits for loads in
-// flight, so those come after it).
+// The block's first row of x (`head`) and of the residual (`res`), loaded
+// before the block begins its epoch: they travel with the epoch's own loads
+// instead of adding a round trip to memory between the call's announcement
+// and its first push, where a small call spends most of its time.  (The
+// announcement's release then waits for them on AMD, as it waits for the
+// epoch's loads they travel with.)
 template <typename T, int P>
 struct FirstRow {
   ResidualRow<T, P> res;
@@ -250,20 +252,15 @@ PYAR_DEVICE void lamport(const Pack16 *x, uint64_t tokens, const RowArgs &a,
   const CommState &s = *state;
   const RowContext<T, P> ctx(a);
   FirstRow<T, P> mine;
-  if (kEarlyLoads) mine.load(x, tokens, ctx.cols, a.residual);
+  mine.load(x, tokens, ctx.cols, a.residual);
   const LamportSlots slots(region);
   const RankTable<W> peers = RankTable<W>::template fill<0>(
       s.partial, (region_offset + kLamportHeaderBytes) / sizeof(Pack16) + s.rank * segment);
   const uint32_t epoch = BlockEpoch::begin(s, info);
   if (announce<W>(epoch)) {
     const uint64_t slot_offset = uint64_t(slots.slot()) * W * segment;
-    if (kEarlyLoads) {
-      if (blockIdx.x < tokens) push_row<P, W>(mine.head, blockIdx.x, ctx.cols, peers, slot_offset);
-      push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset, blockIdx.x + gridDim.x);
-    } else {
-      mine.res.load(ctx.cols, a.residual, first_row(tokens));
-      push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset, blockIdx.x);
-    }
+    if (blockIdx.x < tokens) push_row<P, W>(mine.head, blockIdx.x, ctx.cols, peers, slot_offset);
+    push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset, blockIdx.x + gridDim.x);
     ResidualRow<T, P> &res = mine.res;
     const PushedRows<T, P, W> rows{
         &s,

@@ -21,19 +21,6 @@
 
 namespace pyar {
 
-// Whether a barrier-free call issues its first loads -- its input's first
-// words, every rank's scratch address, the lamport kernel's first residual
-// row -- before the block begins its epoch, so that they travel with the
-// epoch's loads instead of adding round trips to memory between the call's
-// announcement and its first push (a small call is little more than that
-// path).  Off until a GPU has measured it and run the suite on it
-// (benchmarks/kernel_ab.py builds it: --define PYAR_EARLY_LOADS=1); off, the
-// kernels are those built without the option.
-#ifndef PYAR_EARLY_LOADS
-#define PYAR_EARLY_LOADS 0
-#endif
-constexpr bool kEarlyLoads = PYAR_EARLY_LOADS;
-
 // float32 -0.0; for 16-bit types the pair (+0.0, -0.0).  A 16-byte store may
 // reach a reader in pieces, but each aligned 32-bit word as a whole (PTX
 // vector accesses, AMD dword accesses), so emptiness is judged word by word.

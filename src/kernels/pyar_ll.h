@@ -230,36 +230,16 @@ PYAR_DEVICE bool take_word(const CommState &s, const uint64_t *const (&from)[W],
   return true;
 }
 
-// The first word thread t of block b handles (the same on every rank).
-PYAR_DEVICE uint64_t first_word() { return blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; }
-
-// Every rank's scratch address (CommState::partial), loaded at construction
-// when kEarlyLoads.
-template <int W>
-struct EarlyScratch {
-  char *at[W] = {};
-  PYAR_DEVICE explicit EarlyScratch(const CommState &s) {
-    if (!kEarlyLoads) return;
-#pragma unroll
-    for (int r = 0; r < W; ++r) at[r] = reinterpret_cast<char *>(s.partial[r]);
-  }
-  PYAR_DEVICE char *operator()(const CommState &s, int r) const {
-    return kEarlyLoads ? at[r] : reinterpret_cast<char *>(s.partial[r]);
-  }
-};
-
-// One LL call as a thread of a block sees it: the state, the call counters,
-// every rank's scratch address (with kEarlyLoads) and the block's epoch
-// (begun at construction, committed by `end`), the thread's first word and
-// the grid's stride; once the block announced the call (`begin`), its flag
-// (count and digest), this rank's segment of the call's generation at every
-// rank (`to`), and every source's segment of it in this rank's region
-// (`from`), `capacity` packets each.
+// One LL call as a thread of a block sees it: the state, the call counters
+// and the block's epoch (begun at construction, committed by `end`), the
+// thread's first word and the grid's stride; once the block announced the
+// call (`begin`), its flag (count and digest), this rank's segment of the
+// call's generation at every rank (`to`), and every source's segment of it
+// in this rank's region (`from`), `capacity` packets each.
 template <int W>
 struct LLCall {
   const CommState &s;
   const LamportSlots counts;
-  const EarlyScratch<W> scratch;
   const uint32_t epoch;
   const uint64_t first, stride;
   uint32_t flag = 0;
@@ -267,8 +247,9 @@ struct LLCall {
   const uint64_t *from[W] = {};
 
   PYAR_DEVICE LLCall(const CommState *state, void *region, const CallInfo &info)
-      : s(*state), counts(region), scratch(s), epoch(BlockEpoch::begin(s, info)),
-        first(first_word()), stride(uint64_t(gridDim.x) * blockDim.x) {}
+      : s(*state), counts(region), epoch(BlockEpoch::begin(s, info)),
+        first(blockIdx.x * uint64_t(blockDim.x) + threadIdx.x),
+        stride(uint64_t(gridDim.x) * blockDim.x) {}
 
   PYAR_DEVICE void begin(const BlockState &block, void *region, uint64_t region_offset,
                          uint64_t capacity) {
@@ -277,7 +258,7 @@ struct LLCall {
     flag = ll_flag(counts.count, block.digest);
 #pragma unroll
     for (int r = 0; r < W; ++r) {
-      char *base = scratch(s, r) + region_offset + kLLHeaderBytes;
+      char *base = reinterpret_cast<char *>(s.partial[r]) + region_offset + kLLHeaderBytes;
       to[r] = reinterpret_cast<uint64_t *>(base) + (generation * W + block.rank) * capacity;
       from[r] = reinterpret_cast<const uint64_t *>(static_cast<const char *>(region) +
                                                    kLLHeaderBytes) +
@@ -340,15 +321,13 @@ struct LLCall {
 template <typename T, int W>
 PYAR_DEVICE void ll(const void *x, void *out, const CommState *state, void *region,
                     uint64_t region_offset, uint64_t capacity, uint64_t n, const CallInfo &info) {
-  const uint32_t head =
-      kEarlyLoads && first_word() < input_words<T>(n) ? input_word<T>(x, n, first_word()) : 0u;
   LLCall<W> c(state, region, info);
   const uint64_t words = input_words<T>(n);
   if (announce<W>(c.epoch)) {
     const BlockState &block = block_state();
     c.begin(block, region, region_offset, capacity);
     for (uint64_t i = c.first; i < words; i += c.stride) {
-      const uint32_t data = kEarlyLoads && i == c.first ? head : input_word<T>(x, n, i);
+      const uint32_t data = input_word<T>(x, n, i);
 #pragma unroll
       for (int r = 0; r < W; ++r) push_packet(c.to[r] + i, data, c.flag);
     }
@@ -407,15 +386,6 @@ template <typename T, int W>
 PYAR_DEVICE void ll_twoshot(const void *x, void *out, const CommState *state, void *region,
                             uint64_t region_offset, uint64_t capacity, uint64_t n,
                             const CallInfo &info) {
-  uint32_t head[W];
-  if constexpr (kEarlyLoads) {
-    const uint64_t words = input_words<T>(n), shard = (words + W - 1) / W;
-#pragma unroll
-    for (int q = 0; q < W; ++q) {
-      const uint64_t i = q * shard + first_word();
-      head[q] = first_word() < shard && i < words ? input_word<T>(x, n, i) : 0u;
-    }
-  }
   LLCall<W> c(state, region, info);
   const uint64_t words = input_words<T>(n);
   const uint64_t shard = (words + W - 1) / W;
@@ -427,11 +397,7 @@ PYAR_DEVICE void ll_twoshot(const void *x, void *out, const CommState *state, vo
 #pragma unroll
       for (int q = 0; q < W; ++q) {
         const uint64_t i = q * shard + j;
-        if constexpr (kEarlyLoads)
-          push_packet(c.to[q] + j, j == c.first ? head[q] : i < words ? input_word<T>(x, n, i) : 0u,
-                      c.flag);
-        else
-          push_packet(c.to[q] + j, i < words ? input_word<T>(x, n, i) : 0u, c.flag);
+        push_packet(c.to[q] + j, i < words ? input_word<T>(x, n, i) : 0u, c.flag);
       }
     }
     ll_reader_delay(block.rank == W - 1);
