@@ -209,8 +209,12 @@ def measure(builds, cases, repeats, replays, json_path):
         print(table.markdown(head, rows, f"kernel builds, graph replay of {GRAPH_CALLS} calls x "
                              f"{replays}, median of {repeats} rounds (slowest rank)"))
         if json_path:
+            device = pyar.Device(comms[base].device)
+            meta = {"world": world, "device": device.name, "arch": device.arch,
+                    "graph_calls": GRAPH_CALLS, "replays": replays, "repeats": repeats}
             with open(json_path, "w") as f:
-                json.dump({"builds": builds, "head": head, "rows": rows}, f, indent=1)
+                json.dump({"meta": meta, "builds": builds, "head": head, "rows": rows}, f,
+                          indent=1)
     for comm in comms.values():
         comm.close()
     return 1 if differ else 0
