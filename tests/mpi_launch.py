@@ -2,16 +2,21 @@
 
 A scenario is a Python file in tests/mpi/; each rank prints lines
 ``PYAR-RESULT <json>`` for the suite's summary and exits non-zero on failure.
+Under run_scenario the same lines also go to a file of their own
+($PYAR_RESULT_FILE), which is what the tests read: mpirun's forwarding of a
+rank's output can lose its last lines when the rank exits right after them.
 """
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULT_PREFIX = "PYAR-RESULT "
+RESULT_FILE = "PYAR_RESULT_FILE"
 
 
 # Where a CUDA-aware Open MPI is installed (scripts/cuda_aware_openmpi.sh of
@@ -39,21 +44,30 @@ def run_scenario(scenario, nranks, *args, timeout=600, env=None):
     full_env.update(env or {})
     command = mpirun_command(nranks, full_env.get("PATH")) + [sys.executable, script,
                                                                *map(str, args)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env=full_env, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        keep_log(command, "timed out", exc.stdout, exc.stderr)
-        raise AssertionError(f"{scenario} on {nranks} ranks timed out after {timeout} s:\n"
-                             f"{exc.stdout}\n{exc.stderr}") from None
-    keep_log(command, f"exit {done.returncode}", done.stdout, done.stderr)
-    if done.returncode != 0:
-        raise AssertionError(f"{scenario} on {nranks} ranks failed (exit {done.returncode}):\n"
-                             f"{done.stdout[-20000:]}\n{done.stderr[-20000:]}")
-    results = [json.loads(line[len(RESULT_PREFIX):]) for line in done.stdout.splitlines()
-               if line.startswith(RESULT_PREFIX)]
+    with tempfile.TemporaryDirectory(prefix="pyar-results-") as folder:
+        full_env[RESULT_FILE] = os.path.join(folder, "results.jsonl")
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                  env=full_env, cwd=ROOT)
+        except subprocess.TimeoutExpired as exc:
+            keep_log(command, "timed out", exc.stdout, exc.stderr)
+            raise AssertionError(f"{scenario} on {nranks} ranks timed out after {timeout} s:\n"
+                                 f"{exc.stdout}\n{exc.stderr}") from None
+        keep_log(command, f"exit {done.returncode}", done.stdout, done.stderr)
+        if done.returncode != 0:
+            raise AssertionError(f"{scenario} on {nranks} ranks failed (exit {done.returncode}):"
+                                 f"\n{done.stdout[-20000:]}\n{done.stderr[-20000:]}")
+        results = read_results(full_env[RESULT_FILE])
     record(results)
     return done.stdout, results
+
+
+def read_results(path):
+    """The rows the ranks wrote to ``path`` (report), in the order they wrote them."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def cuda_aware_mpi_env():
@@ -98,8 +112,18 @@ def record(results):
 
 
 def report(**fields):
-    """Called inside a scenario: one result line for the summary."""
-    print(RESULT_PREFIX + json.dumps(fields), flush=True)
+    """Called inside a scenario: one result line for the summary, printed and, under
+    run_scenario, appended to $PYAR_RESULT_FILE (one write of a whole line, so lines of
+    ranks that report at once do not interleave)."""
+    line = json.dumps(fields)
+    print(RESULT_PREFIX + line, flush=True)
+    path = os.environ.get(RESULT_FILE)
+    if path:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(descriptor, (line + "\n").encode())
+        finally:
+            os.close(descriptor)
 
 
 def control_build(kernels_path):
