@@ -127,7 +127,10 @@ struct PushedRows {
   // four packs in flight per thread, as sum_ranks, which holds the registers
   // within the 64 of a kMaxRowThreads block.
   static constexpr int kGroup = W < 4 / P ? W : 4 / P;
-  PYAR_DEVICE Raw take(const Columns<P> &c, uint64_t row, bool &arrived) const {
+  // `glance` (the first row's take only) is loaded beside the last source
+  // group's polls.
+  PYAR_DEVICE Raw take(const Columns<P> &c, uint64_t row, bool &arrived,
+                       FlagGlance<W> *glance = nullptr) const {
     Raw raw;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -138,7 +141,8 @@ struct PushedRows {
       for (int first = 0; first < W; first += kGroup) {
         Pack16 v[kGroup];
         arrived &= take_packs<kGroup>(*state, slot, segment, c.at(row, p), first,
-                                      W - first < kGroup ? W - first : kGroup, *info, v);
+                                      W - first < kGroup ? W - first : kGroup, *info, v,
+                                      first + kGroup >= W && p == 0 ? glance : nullptr);
         add_in_rank_order<T, W>(acc, v, first);
       }
       raw.pack[p] = round_pack<T>(acc);
@@ -269,8 +273,9 @@ PYAR_DEVICE void lamport(const Pack16 *x, uint64_t tokens, const RowArgs &a,
         segment, &info};
     bool arrived = true;
     typename PushedRows<T, P, W>::Raw first{};
-    if (blockIdx.x < tokens) first = rows.take(ctx.cols, blockIdx.x, arrived);
-    if (confirm<W>(s, epoch, info, arrived) && blockIdx.x < tokens)
+    FlagGlance<W> glance(epoch);
+    if (blockIdx.x < tokens) first = rows.take(ctx.cols, blockIdx.x, arrived, &glance);
+    if (confirm<W>(s, epoch, info, arrived, glance) && blockIdx.x < tokens)
       norm_rows<T, P, Q>(rows, tokens, a, ctx, res, first);
   }
   BlockEpoch::commit();

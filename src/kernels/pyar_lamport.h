@@ -97,21 +97,45 @@ PYAR_DEVICE bool announce(uint32_t epoch) {
   return true;
 }
 
+// Thread t < W's look at peer t's start flag of the block (this rank's
+// slot for it), taken with an acquire beside the polls of the block's first
+// data (take_packs, pyar_ll.h's take_word): the load that finds the data
+// written has a flag load next to it, which has usually found the flag too,
+// since each peer stores its flag before it pushes.  confirm() then needs
+// no round trip of its own to memory; a flag not seen yet is waited for
+// there.  Before any load `seen` holds the previous epoch's word, which
+// confirm waits past.  (The slot's address is recomputed at each load: the
+// glance lives through the polls, where the registers of the larger worlds
+// are full.)
+template <int W>
+struct FlagGlance {
+  uint64_t seen;
+  PYAR_DEVICE explicit FlagGlance(uint32_t epoch) : seen(flag_word(epoch - 1, 0)) {}
+  PYAR_DEVICE void load() {
+    if (threadIdx.x < W) seen = load_acquire_system(slot());
+  }
+  PYAR_DEVICE static const uint64_t *slot() {
+    const BlockState &block = block_state();
+    return &block.signals[block.rank]->flags[kStart][blockIdx.x][threadIdx.x];
+  }
+};
+
 // The start barrier's checks, made once the block's first data has come:
 // every peer's start flag of this call has arrived and carries this call's
 // digest, and every thread's data arrived (`arrived`: the thread's polls
 // ended before the timeout).  A block that fails records it as a failed
-// start barrier does, and writes nothing.
+// start barrier does, and writes nothing.  `glance`: the flags as the
+// polls of the block's first data last saw them.
 template <int W>
-PYAR_DEVICE bool confirm(const CommState &s, uint32_t epoch, const CallInfo &info, bool arrived) {
+PYAR_DEVICE bool confirm(const CommState &s, uint32_t epoch, const CallInfo &info, bool arrived,
+                         const FlagGlance<W> &glance) {
   const BlockState &block = block_state();
   const bool check = signature_checked();
   FlagWait w;
   if (threadIdx.x < W) {
-    const Signal *mine = block.signals[block.rank];
-    w = wait_for_flag(s, mine, &mine->flags[kStart][blockIdx.x][threadIdx.x], threadIdx.x,
+    w = wait_for_flag(s, block.signals[block.rank], FlagGlance<W>::slot(), threadIdx.x,
                       flag_word(epoch, check ? block.digest : 0), epoch, check,
-                      check ? block.digest : 0, info);
+                      check ? block.digest : 0, info, glance.seen);
   }
   if (__syncthreads_and(w.passed && arrived)) return true;
   fail_call<W>(s, epoch, info, check, w, block.signals[block.rank],
@@ -146,15 +170,17 @@ PYAR_DEVICE bool makes_another_call(uint32_t missing) {
 // `from`: the slot, `segment` packs apart) is written, takes it into v, and stores kEmptyWord
 // back over it.  Returns false if some source's pack did not come within the
 // timeout (its rank is recorded as one that never arrived), or the call was
-// abandoned.
-template <int N>
+// abandoned.  `glance` (may be null) is loaded after every round of polls is
+// issued (an acquire holds back the loads after it, not those before).
+template <int N, int W>
 PYAR_DEVICE bool take_packs(const CommState &s, const Pack16 *from, uint64_t segment,
                             uint64_t i, int first, int count, const CallInfo &info,
-                            Pack16 (&v)[N]) {
+                            Pack16 (&v)[N], FlagGlance<W> *glance) {
   uint32_t missing = 0;
 #pragma unroll
   for (int r = 0; r < N; ++r)
     if (r < count) v[r] = poll_pack(from + (first + r) * segment + i);
+  if (glance) glance->load();
 #pragma unroll
   for (int r = 0; r < N; ++r)
     if (r < count) missing |= uint32_t(!written(v[r])) << r;
@@ -164,11 +190,12 @@ PYAR_DEVICE bool take_packs(const CommState &s, const Pack16 *from, uint64_t seg
     const BlockState &block = block_state();
     while (missing) {
 #pragma unroll
-      for (int r = 0; r < N; ++r) {
-        if (!((missing >> r) & 1u)) continue;
-        v[r] = poll_pack(from + (first + r) * segment + i);
-        if (written(v[r])) missing &= ~(1u << r);
-      }
+      for (int r = 0; r < N; ++r)
+        if ((missing >> r) & 1u) v[r] = poll_pack(from + (first + r) * segment + i);
+      if (glance) glance->load();
+#pragma unroll
+      for (int r = 0; r < N; ++r)
+        if (((missing >> r) & 1u) && written(v[r])) missing &= ~(1u << r);
       const uint64_t waited = now_ns() - since;
       if (missing && waited > info.timeout_ns) {
 #pragma unroll

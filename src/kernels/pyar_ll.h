@@ -181,13 +181,17 @@ PYAR_DEVICE void write_word(uint32_t word, void *out, uint64_t n, uint64_t i) {
 // packet did not come within the timeout (its rank is recorded as one that
 // never arrived), the call was abandoned, or a source makes another call
 // (`other` set: its packet carries another digest, or its start flag does).
+// `glance` (may be null: pyar_lamport.h) is loaded after every round of
+// loads is issued.
 template <int W>
 PYAR_DEVICE bool take_word(const CommState &s, const uint64_t *const (&from)[W], uint64_t i,
-                           uint32_t flag, const CallInfo &info, uint32_t (&v)[W], bool &other) {
+                           uint32_t flag, const CallInfo &info, uint32_t (&v)[W], bool &other,
+                           FlagGlance<W> *glance = nullptr) {
   uint64_t packet[W];
   uint32_t missing = 0;
 #pragma unroll
   for (int r = 0; r < W; ++r) packet[r] = load_packet(from[r] + i);
+  if (glance) glance->load();
 #pragma unroll
   for (int r = 0; r < W; ++r) {
     const int seen = judge_packet(packet[r], flag);
@@ -201,15 +205,18 @@ PYAR_DEVICE bool take_word(const CommState &s, const uint64_t *const (&from)[W],
     const BlockState &block = block_state();
     while (missing) {
 #pragma unroll
+      for (int r = 0; r < W; ++r)
+        if ((missing >> r) & 1u) packet[r] = load_packet(from[r] + i);
+      if (glance) glance->load();
+#pragma unroll
       for (int r = 0; r < W; ++r) {
         if (!((missing >> r) & 1u)) continue;
-        const uint64_t p = load_packet(from[r] + i);
-        const int seen = judge_packet(p, flag);
+        const int seen = judge_packet(packet[r], flag);
         if (seen == kOtherCall) {
           other = true;
           return false;
         }
-        if (seen == kArrived) missing &= ~(1u << r), v[r] = uint32_t(p);
+        if (seen == kArrived) missing &= ~(1u << r), v[r] = uint32_t(packet[r]);
       }
       const uint64_t waited = now_ns() - since;
       if (missing && waited > info.timeout_ns) {
@@ -334,8 +341,10 @@ PYAR_DEVICE void ll(const void *x, void *out, const CommState *state, void *regi
     ll_reader_delay(block.rank == W - 1);
     uint32_t v[W] = {};
     bool other = false, arrived = true;
-    if (c.first < words) arrived = take_word<W>(c.s, c.from, c.first, c.flag, info, v, other);
-    if (confirm<W>(c.s, c.epoch, info, arrived)) {
+    FlagGlance<W> glance(c.epoch);
+    if (c.first < words)
+      arrived = take_word<W>(c.s, c.from, c.first, c.flag, info, v, other, &glance);
+    if (confirm<W>(c.s, c.epoch, info, arrived, glance)) {
       bool ok = true;
       for (uint64_t i = c.first; i < words && ok; i += c.stride) {
         if (i != c.first) ok = take_word<W>(c.s, c.from, i, c.flag, info, v, other);
@@ -403,8 +412,10 @@ PYAR_DEVICE void ll_twoshot(const void *x, void *out, const CommState *state, vo
     ll_reader_delay(block.rank == W - 1);
     uint32_t v[W] = {};
     bool other = false, arrived = true;
-    if (c.first < shard) arrived = take_word<W>(c.s, c.from, c.first, c.flag, info, v, other);
-    if (confirm<W>(c.s, c.epoch, info, arrived)) {
+    FlagGlance<W> glance(c.epoch);
+    if (c.first < shard)
+      arrived = take_word<W>(c.s, c.from, c.first, c.flag, info, v, other, &glance);
+    if (confirm<W>(c.s, c.epoch, info, arrived, glance)) {
       bool ok = true;
       for (uint64_t j = c.first; j < shard && ok; j += c.stride) {
         if (j != c.first) ok = take_word<W>(c.s, c.from, j, c.flag, info, v, other);

@@ -320,10 +320,12 @@ PYAR_DEVICE bool call_abandoned(const CommState &s, const Signal *my_signal) {
 // the first load or in the spin, so the digest costs no instruction between
 // the acquire and the block's vote.  Any other word that reached the epoch
 // is classified (`judge`); one that never reaches it fails the barrier.
+// `seen`: the slot's first value, loaded with an acquire by the caller (a
+// load already in flight beside others: pyar_lamport.h's FlagGlance).
 PYAR_DEVICE FlagWait wait_for_flag(const CommState &s, const Signal *my_signal,
                                    const uint64_t *mine, uint32_t peer, uint64_t word,
                                    uint32_t epoch, bool check, uint32_t digest,
-                                   const CallInfo &info) {
+                                   const CallInfo &info, uint64_t seen) {
   FlagWait w;
   // The word that reached the epoch is the peer's start flag of this call:
   // the same acquire brought the peer's digest in its high half.  Only a
@@ -338,7 +340,7 @@ PYAR_DEVICE FlagWait wait_for_flag(const CommState &s, const Signal *my_signal,
     if (check && uint32_t(w.seen) == epoch) w.differs = disagree(uint32_t(w.seen >> 32), digest);
     w.passed = !w.differs;
   };
-  w.seen = load_acquire_system(mine);
+  w.seen = seen;
   if (w.seen != word) {
     if (reached(w.seen, epoch)) {
       judge();
@@ -365,6 +367,14 @@ PYAR_DEVICE FlagWait wait_for_flag(const CommState &s, const Signal *my_signal,
     }
   }
   return w;
+}
+
+PYAR_DEVICE FlagWait wait_for_flag(const CommState &s, const Signal *my_signal,
+                                   const uint64_t *mine, uint32_t peer, uint64_t word,
+                                   uint32_t epoch, bool check, uint32_t digest,
+                                   const CallInfo &info) {
+  return wait_for_flag(s, my_signal, mine, peer, word, epoch, check, digest, info,
+                       load_acquire_system(mine));
 }
 
 // The rest of a block's call after a barrier it failed (every thread of the
