@@ -468,6 +468,44 @@ def peer_load_waves(code):
     return max(filled.values()), loads
 
 
+def _is_acquire(code, i):
+    return _global_sys(code[i], "LD") and _cuda_acquire_problem(code, i) is None
+
+
+def _is_poll(code, i):
+    """A load of pushed data: lamport's 128-bit pack (``.STRONG.GPU``) or an
+    LL packet (64-bit, strong at system scope, no CCTL.IVALL after it)."""
+    instruction = code[i]
+    return is_peer_load(instruction) or (instruction.mnemonic == "LDG.E.64.STRONG.SYS"
+                                         and not _is_acquire(code, i))
+
+
+def polls_in_flight_at_an_acquire(code):
+    """The most data polls still in flight (their registers not yet read or
+    overwritten, in code order from the kernel's first poll) when an
+    acquire goes out: the LL and lamport kernels load the peers' start
+    flags beside their polls (pyar_lamport.h, FlagGlance), so that confirm
+    judges a flag already loaded instead of loading it once the data came;
+    0 means every flag load waits for the data first.  Not a rule of the
+    ordering, a check of the kernels' speed; code order, not the paths the
+    branches take, as peer_load_waves."""
+    start = next(i for i in range(len(code)) if _is_poll(code, i))
+    in_flight, most = set(), 0
+    for i in range(start, len(code)):
+        instruction = code[i]
+        if _is_acquire(code, i):
+            most = max(most, len(in_flight))
+        operands = instruction.operands.split(",")
+        written = operands[0] if "[" not in operands[0] else ""
+        filled = _registers(written, _destination_width(instruction.mnemonic))
+        touched = set(filled + [r for operand in operands[1 if written else 0:]
+                                for r in _registers(operand)])
+        in_flight = {poll for poll in in_flight if not set(poll) & touched}
+        if _is_poll(code, i):
+            in_flight.add(tuple(filled))
+    return most
+
+
 # ---------------------------------------------------------------------------
 # Whole code objects
 

@@ -381,6 +381,29 @@ def test_fused_one_stage_first_row_waits_for_memory_at_most_twice(cuda_fatbins):
 
 
 @needs_cuobjdump
+def test_barrier_free_kernels_load_the_flags_beside_their_polls(cuda_fatbins):
+    """Speed, not ordering: every LL and lamport kernel on sm_90 loads the peers'
+    start flags while polls of its data are in flight (pyar_lamport.h, FlagGlance:
+    confirm then judges a flag already loaded; f6670fc's kernels had none in
+    flight at any acquire); and the count sees none once each poll's register is
+    read right after it."""
+    code = {}
+    for name in ("allreduce.fatbin", "allreduce_rmsnorm.fatbin"):
+        code.update(mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins[name], "sm_90"))
+    found = {kernel: mc.polls_in_flight_at_an_acquire(sass) for kernel, sass in code.items()
+             if kernel.startswith(FLAG_AROUND_DATA)}
+    assert len(found) == 63 + 2 * 21
+    assert {kernel: n for kernel, n in found.items() if n < 2} == {}
+    waited = []
+    for i, instruction in enumerate(code["pyar_allreduce_rmsnorm_lamport_bf16_plain_p1_w4"]):
+        waited.append(instruction)
+        if mc.is_peer_load(instruction):
+            loaded = instruction.operands.split(",")[0]
+            waited.append(mc.Instruction(instruction.address, "FADD", f"R0, {loaded}, RZ"))
+    assert mc.polls_in_flight_at_an_acquire(waited) == 0
+
+
+@needs_cuobjdump
 def test_signature_cost_builds_leave_out_their_piece(tmp_path_factory):
     """benchmarks/signature_cost.py prices the start barrier's pieces by builds of this
     tree without one each: every such build differs from the shipped kernel, and the one
