@@ -17,6 +17,7 @@ import pytest
 from kernel_build import cuda_compiler, gpu_targets, hip_clang_compiler, hipcc_compiler
 from tests import kernel_builds
 from tests import machine_code as mc
+from tests import machine_code_speed as speed
 
 OBJDUMP = mc.find_llvm_objdump()
 CUOBJDUMP = mc.find_cuobjdump()
@@ -321,7 +322,7 @@ def test_no_cuda_barrier_loads_between_its_release_and_acquire(cuda_fatbins):
     c766338 kernels reloaded the rank there, twice a start barrier)."""
     late, around = [], set()
     for name, path in sorted(cuda_fatbins.items()):
-        for arch, kernel, found in mc.fatbin_loads_before_acquire(path, CUOBJDUMP):
+        for arch, kernel, found in speed.fatbin_loads_before_acquire(path, CUOBJDUMP):
             if kernel.startswith(FLAG_AROUND_DATA):
                 around.add(kernel)
             elif is_collective(kernel) and found:
@@ -333,7 +334,7 @@ def test_no_cuda_barrier_loads_between_its_release_and_acquire(cuda_fatbins):
                                "sm_90")["pyar_allreduce_one_shot_f32_w2"]
     release = next(i for i, instruction in enumerate(code) if mc._global_sys(instruction, "ST"))
     reload = mc.Instruction(code[release].address, "LDG.E", "R7, desc[UR6][R12.64+0x88]")
-    assert len(mc.loads_before_acquire(code[:release + 1] + [reload] + code[release + 1:])) == 1
+    assert len(speed.loads_before_acquire(code[:release + 1] + [reload] + code[release + 1:])) == 1
 
 
 @needs_cuobjdump
@@ -344,16 +345,16 @@ def test_one_shot_peer_loads_go_out_in_one_wave(cuda_fatbins):
     round trips at 8 ranks); and the count sees a round trip more when an
     instruction uses a load's register before the next load."""
     code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce.fatbin"], "sm_90")
-    waves = {kernel: mc.peer_load_waves(sass) for kernel, sass in code.items()
+    waves = {kernel: speed.peer_load_waves(sass) for kernel, sass in code.items()
              if kernel.startswith("pyar_allreduce_one_shot")}
     assert len(waves) == 21
     assert all(found == (1, int(kernel.rsplit("_w", 1)[1])) for kernel, found in waves.items()), \
         waves
     sass = code["pyar_allreduce_one_shot_f32_w8"]
-    first = next(i for i, instruction in enumerate(sass) if mc.is_peer_load(instruction))
+    first = next(i for i, instruction in enumerate(sass) if speed.is_peer_load(instruction))
     loaded = sass[first].operands.split(",")[0]
     use = mc.Instruction(sass[first].address, "FADD", f"R0, {loaded}, RZ")
-    assert mc.peer_load_waves(sass[:first + 1] + [use] + sass[first + 1:]) == (2, 8)
+    assert speed.peer_load_waves(sass[:first + 1] + [use] + sass[first + 1:]) == (2, 8)
 
 
 @needs_cuobjdump
@@ -364,7 +365,7 @@ def test_fused_one_stage_first_row_waits_for_memory_at_most_twice(cuda_fatbins):
     second time on a block's last row and took up to 9); and the count grows
     when each load's register is used before the next load goes out."""
     code = mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins["allreduce_rmsnorm.fatbin"], "sm_90")
-    waves = {kernel: mc.peer_load_waves(sass) for kernel, sass in code.items()
+    waves = {kernel: speed.peer_load_waves(sass) for kernel, sass in code.items()
              if kernel.startswith("pyar_allreduce_rmsnorm_one_stage") and "_p1_" in kernel}
     assert len(waves) == 63
     slow = {kernel: found for kernel, found in waves.items()
@@ -374,10 +375,10 @@ def test_fused_one_stage_first_row_waits_for_memory_at_most_twice(cuda_fatbins):
     serialized = []
     for instruction in sass:
         serialized.append(instruction)
-        if mc.is_peer_load(instruction):
+        if speed.is_peer_load(instruction):
             loaded = instruction.operands.split(",")[0]
             serialized.append(mc.Instruction(instruction.address, "FADD", f"R0, {loaded}, RZ"))
-    assert mc.peer_load_waves(serialized)[0] >= 8
+    assert speed.peer_load_waves(serialized)[0] >= 8
 
 
 @needs_cuobjdump
@@ -390,17 +391,17 @@ def test_barrier_free_kernels_load_the_flags_beside_their_polls(cuda_fatbins):
     code = {}
     for name in ("allreduce.fatbin", "allreduce_rmsnorm.fatbin"):
         code.update(mc.disassemble_cuda(CUOBJDUMP, cuda_fatbins[name], "sm_90"))
-    found = {kernel: mc.polls_in_flight_at_an_acquire(sass) for kernel, sass in code.items()
+    found = {kernel: speed.polls_in_flight_at_an_acquire(sass) for kernel, sass in code.items()
              if kernel.startswith(FLAG_AROUND_DATA)}
     assert len(found) == 63 + 2 * 21
     assert {kernel: n for kernel, n in found.items() if n < 2} == {}
     waited = []
     for i, instruction in enumerate(code["pyar_allreduce_rmsnorm_lamport_bf16_plain_p1_w4"]):
         waited.append(instruction)
-        if mc.is_peer_load(instruction):
+        if speed.is_peer_load(instruction):
             loaded = instruction.operands.split(",")[0]
             waited.append(mc.Instruction(instruction.address, "FADD", f"R0, {loaded}, RZ"))
-    assert mc.polls_in_flight_at_an_acquire(waited) == 0
+    assert speed.polls_in_flight_at_an_acquire(waited) == 0
 
 
 @needs_cuobjdump
