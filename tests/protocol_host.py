@@ -30,7 +30,7 @@ CXXFLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-DPYAR_HOST_BUILD",
             "-DPYAR_TEST_STAGE_MUTATION=host::stage_mutation",
             "-DPYAR_TEST_LL_MUTATION=host::ll_mutation", "-Wall", "-Wno-unknown-pragmas",
             "-DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits",
-            "-DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns",
+            "-DPYAR_TEST_READER_DELAY_NS=host::reader_delay_ns",
             "-DPYAR_TEST_LAMPORT_KEEP_DATA=host::lamport_keep_data",
             "-DPYAR_TEST_LAMPORT_ONE_SLOT=host::lamport_one_slot"]
 # halt_on_error: the first report ends the run (a mutation needs one); exitcode tells a

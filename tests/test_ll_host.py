@@ -4,7 +4,7 @@ world and dtype, in place too, across the 32-bit epoch wrap, and with few count 
 its refresh calls; it records disagreements and absent ranks like the barrier kernels; and
 each of its rules' controls (PYAR_TEST_LL_MUTATION: one generation, flags without the count,
 a packet stored as two 32-bit stores, no refresh) must be caught, one generation also under
-the GPU control's lagging reader (PYAR_TEST_LL_READER_DELAY_NS).  Every test runs the
+the GPU control's lagging reader (PYAR_TEST_READER_DELAY_NS).  Every test runs the
 one-shot (ll) and the two-shot (ll_twoshot: shards pushed to their owner, the owners' sums
 pushed to every rank, in the two halves of the same segments).
 """
@@ -111,7 +111,7 @@ def test_ll_mutation_is_caught(driver, mutation, kernel):
 def test_a_lagging_reader_shows_a_single_generation(driver, kernel):
     """The GPU control's load: rank 3 takes its packets 300 us after its pushes in every
     call. Two generations stay exact; with one its peers' next call overwrites them."""
-    lag = ("--ll-reader-delay-us", 300, "--calls", 10, "--timeout-ms", 2000)
+    lag = ("--reader-delay-us", 300, "--calls", 10, "--timeout-ms", 2000)
     assert_clean(run(driver, kernel, 4, *lag), f"{kernel} with a lagging reader")
     name, *options = mutation_run(kernel, "one-generation")
     assert run(driver, name, 4, *options, *lag, "--ll-mutation", "one-generation").caught

@@ -265,6 +265,7 @@ PYAR_DEVICE void lamport(const Pack16 *x, uint64_t tokens, const RowArgs &a,
     const uint64_t slot_offset = uint64_t(slots.slot()) * W * segment;
     if (blockIdx.x < tokens) push_row<P, W>(mine.head, blockIdx.x, ctx.cols, peers, slot_offset);
     push_rows<P, W>(x, tokens, ctx.cols, peers, slot_offset, blockIdx.x + gridDim.x);
+    reader_delay(s.rank == W - 1);
     ResidualRow<T, P> &res = mine.res;
     const PushedRows<T, P, W> rows{
         &s,

@@ -21,6 +21,21 @@
 
 namespace pyar {
 
+// The lagging reader of the test builds (PYAR_TEST_READER_DELAY_NS): in every
+// call the last rank's blocks wait that long after their pushes before they
+// take anything, so its peers finish the call and start the next one
+// meanwhile -- the load under which one generation (LL) or one slot
+// (lamport) must fail and the shipped kernels must not (the GPU's LL
+// control: tests/gpu/conftest.py; the host's: tests/test_ll_host.py,
+// tests/test_lamport_host.py).
+PYAR_DEVICE void reader_delay(bool lagging) {
+#if defined(PYAR_TEST_READER_DELAY_NS)
+  if (lagging) busy_wait_ns(PYAR_TEST_READER_DELAY_NS);
+#else
+  (void)lagging;
+#endif
+}
+
 // float32 -0.0; for 16-bit types the pair (+0.0, -0.0).  A 16-byte store may
 // reach a reader in pieces, but each aligned 32-bit word as a whole (PTX
 // vector accesses, AMD dword accesses), so emptiness is judged word by word.

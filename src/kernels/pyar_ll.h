@@ -54,10 +54,8 @@ constexpr uint32_t kLLCountBits = 16;
 // host model comes to a reader seeing the flag before the data: a race
 // ThreadSanitizer reports); no refresh.  PYAR_TEST_LL_COUNT_BITS shrinks the
 // count bits, so that a test reaches the refresh period in a few calls.
-// PYAR_TEST_LL_READER_DELAY_NS makes the last rank a lagging reader: in every
-// call its blocks wait that long after their pushes before they take
-// anything, so its peers finish the call and start the next one meanwhile
-// (the GPU's positive control of the generations: tests/gpu/conftest.py).
+// PYAR_TEST_READER_DELAY_NS makes the last rank a lagging reader
+// (pyar_lamport.h, reader_delay).
 enum LLMutation {
   kLLExact = 0,
   kLLOneGeneration = 1,
@@ -79,15 +77,6 @@ PYAR_DEVICE uint32_t ll_count_bits() {
   if (PYAR_TEST_LL_COUNT_BITS) return PYAR_TEST_LL_COUNT_BITS;
 #endif
   return kLLCountBits;
-}
-
-// The lagging reader of PYAR_TEST_LL_READER_DELAY_NS (test builds only).
-PYAR_DEVICE void ll_reader_delay(bool lagging) {
-#if defined(PYAR_TEST_LL_READER_DELAY_NS)
-  if (lagging) busy_wait_ns(PYAR_TEST_LL_READER_DELAY_NS);
-#else
-  (void)lagging;
-#endif
 }
 
 // The flag of call `count` with the digest of its signature (rule 3).
@@ -338,7 +327,7 @@ PYAR_DEVICE void ll(const void *x, void *out, const CommState *state, void *regi
 #pragma unroll
       for (int r = 0; r < W; ++r) push_packet(c.to[r] + i, data, c.flag);
     }
-    ll_reader_delay(block.rank == W - 1);
+    reader_delay(block.rank == W - 1);
     uint32_t v[W] = {};
     bool other = false, arrived = true;
     FlagGlance<W> glance(c.epoch);
@@ -409,7 +398,7 @@ PYAR_DEVICE void ll_twoshot(const void *x, void *out, const CommState *state, vo
         push_packet(c.to[q] + j, i < words ? input_word<T>(x, n, i) : 0u, c.flag);
       }
     }
-    ll_reader_delay(block.rank == W - 1);
+    reader_delay(block.rank == W - 1);
     uint32_t v[W] = {};
     bool other = false, arrived = true;
     FlagGlance<W> glance(c.epoch);

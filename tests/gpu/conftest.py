@@ -66,10 +66,10 @@ CONTROL_BUILDS = {
     # pyar_ll.h's mutation, which the host build sets from a variable, is a
     # constant here; the enumerator resolves inside namespace pyar.
     # The last rank lags 50 us between its pushes and its takes in every call
-    # (PYAR_TEST_LL_READER_DELAY_NS): its peers start their next call meanwhile.
+    # (PYAR_TEST_READER_DELAY_NS): its peers start their next call meanwhile.
     "ll_control_kernels": ("PYAR_TEST_LL_MUTATION=kLLOneGeneration",
-                           "PYAR_TEST_LL_READER_DELAY_NS=50000"),
-    "ll_lagging_kernels": ("PYAR_TEST_LL_READER_DELAY_NS=50000",),
+                           "PYAR_TEST_READER_DELAY_NS=50000"),
+    "ll_lagging_kernels": ("PYAR_TEST_READER_DELAY_NS=50000",),
 }
 # The code objects a Communicator loads (by these names, from kernels=DIR).
 CONTROL_SOURCES = ("allreduce", "allreduce_rmsnorm", "shards")
@@ -178,7 +178,7 @@ def kernels_with_one_ll_generation(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ll_kernels_with_a_lagging_reader(tmp_path_factory):
     """The shipped LL all-reduce (two generations) with the last rank a lagging
-    reader (PYAR_TEST_LL_READER_DELAY_NS): the load of LL's positive control,
+    reader (PYAR_TEST_READER_DELAY_NS): the load of LL's positive control,
     which these kernels must pass, once per pytest run."""
     return _build_control_kernels(tmp_path_factory, "ll_lagging_kernels",
                                   CONTROL_BUILDS["ll_lagging_kernels"])

@@ -163,7 +163,7 @@ def test_positive_control_detects_a_single_ll_generation(world, kernels_with_one
                                                         ll_kernels_with_a_lagging_reader):
     """LL kernels that use one generation of receive slots for every call
     (PYAR_TEST_LL_MUTATION=kLLOneGeneration), the last rank lagging 50 us
-    between its pushes and its takes (PYAR_TEST_LL_READER_DELAY_NS): its peers'
+    between its pushes and its takes (PYAR_TEST_READER_DELAY_NS): its peers'
     next call stores over packets it has not taken, which the adversarial load
     must show as wrong sums or as its wait for them timing out.  The shipped
     two generations under the same lag pass every call.  Without the lag a

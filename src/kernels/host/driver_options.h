@@ -38,7 +38,7 @@ struct Options {
   int stage_mutation = 0;
   int ll_mutation = 0;
   uint32_t ll_count_bits = 0;
-  uint64_t ll_reader_delay_us = 0;
+  uint64_t reader_delay_us = 0;
   std::string lamport_mutation;
   uint64_t large_every = 1;
   uint32_t late_rank = ~0u, late_us = 0;
@@ -127,8 +127,8 @@ int stage_mutation(const std::string &name) {
 //   --ll-mutation one-generation | no-count | split-store | no-refresh
 //                      the LL kernel's positive controls (pyar_ll.h, LLMutation)
 //   --ll-count-bits N  the LL flags' count bits (default: the kernel's)
-//   --ll-reader-delay-us US   the last rank's LL blocks wait US between their
-//                      pushes and their takes (the GPU control's lagging reader)
+//   --reader-delay-us US   the last rank's LL and lamport blocks wait US
+//                      between their pushes and their takes (the lagging reader)
 //   --lamport-mutation keep-data | one-slot   the lamport kernel's positive
 //                      controls: a reader leaves the packs it took in the slot,
 //                      or every call pushes into slot 0
@@ -175,7 +175,7 @@ Options parse(int argc, char **argv) {
     else if (key == "--stage") o.stage_mutation = stage_mutation(value);
     else if (key == "--ll-mutation") o.ll_mutation = ll_mutation(value);
     else if (key == "--ll-count-bits") o.ll_count_bits = uint32_t(std::stoul(value));
-    else if (key == "--ll-reader-delay-us") o.ll_reader_delay_us = std::stoull(value);
+    else if (key == "--reader-delay-us") o.reader_delay_us = std::stoull(value);
     else if (key == "--lamport-mutation") o.lamport_mutation = value;
     else if (key == "--large-every") o.large_every = std::stoull(value);
     else if (key == "--late") {

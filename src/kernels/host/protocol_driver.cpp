@@ -51,10 +51,10 @@ inline int stage_mutation = 0;
 // -DPYAR_TEST_LL_MUTATION=host::ll_mutation -DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits.
 inline int ll_mutation = 0;
 inline uint32_t ll_count_bits = 0;
-// How long the last rank's LL blocks wait between their pushes and their
-// takes (--ll-reader-delay-us), with
-// -DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns.
-inline uint64_t ll_reader_delay_ns = 0;
+// How long the last rank's LL and lamport blocks wait between their pushes
+// and their takes (--reader-delay-us), with
+// -DPYAR_TEST_READER_DELAY_NS=host::reader_delay_ns.
+inline uint64_t reader_delay_ns = 0;
 // The lamport kernel's controls (--lamport-mutation), with
 // -DPYAR_TEST_LAMPORT_KEEP_DATA=host::lamport_keep_data
 // -DPYAR_TEST_LAMPORT_ONE_SLOT=host::lamport_one_slot.
@@ -629,11 +629,11 @@ int main(int argc, char **argv) {
     usage("--ll-mutation and --ll-count-bits need -DPYAR_TEST_LL_MUTATION=host::ll_mutation "
           "-DPYAR_TEST_LL_COUNT_BITS=host::ll_count_bits");
 #endif
-#if defined(PYAR_TEST_LL_READER_DELAY_NS)
-  host::ll_reader_delay_ns = o.ll_reader_delay_us * 1000;
+#if defined(PYAR_TEST_READER_DELAY_NS)
+  host::reader_delay_ns = o.reader_delay_us * 1000;
 #else
-  if (o.ll_reader_delay_us)
-    usage("--ll-reader-delay-us needs -DPYAR_TEST_LL_READER_DELAY_NS=host::ll_reader_delay_ns");
+  if (o.reader_delay_us)
+    usage("--reader-delay-us needs -DPYAR_TEST_READER_DELAY_NS=host::reader_delay_ns");
 #endif
 #if defined(PYAR_TEST_LAMPORT_KEEP_DATA) && defined(PYAR_TEST_LAMPORT_ONE_SLOT)
   host::lamport_keep_data = o.lamport_mutation == "keep-data";
