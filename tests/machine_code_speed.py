@@ -45,6 +45,15 @@ def _destination_width(mnemonic):
     return 1
 
 
+def _written_and_touched(instruction):
+    """(registers the instruction writes, registers it reads or writes)."""
+    operands = instruction.operands.split(",")
+    written = operands[0] if "[" not in operands[0] else ""
+    filled = _registers(written, _destination_width(instruction.mnemonic))
+    return filled, filled + [r for operand in operands[1 if written else 0:]
+                             for r in _registers(operand)]
+
+
 def is_peer_load(instruction):
     """A 128-bit load of a peer's data (``ld.global.cg``: ``.STRONG.GPU``)."""
     return instruction.mnemonic.startswith("LDG.E.128.STRONG.GPU")
@@ -66,14 +75,11 @@ def peer_load_waves(code):
     for instruction in code[start:]:
         if instruction.mnemonic.startswith(("BRA", "BAR", "EXIT")):
             break
-        operands = instruction.operands.split(",")
-        written = operands[0] if "[" not in operands[0] else ""
-        touched = _registers(written, _destination_width(instruction.mnemonic)) + [
-            r for operand in operands[1 if written else 0:] for r in _registers(operand)]
+        written, touched = _written_and_touched(instruction)
         wave = max([wave] + [filled.get(r, 0) for r in touched])
         if is_peer_load(instruction):
             loads += 1
-            filled.update((r, wave + 1) for r in _registers(written, 4))
+            filled.update((r, wave + 1) for r in written)
         if instruction.mnemonic.startswith(("STG.E.128", "ST.E.128")):
             break
     return max(filled.values()), loads
@@ -106,14 +112,10 @@ def polls_in_flight_at_an_acquire(code):
         instruction = code[i]
         if _is_acquire(code, i):
             most = max(most, len(in_flight))
-        operands = instruction.operands.split(",")
-        written = operands[0] if "[" not in operands[0] else ""
-        filled = _registers(written, _destination_width(instruction.mnemonic))
-        touched = set(filled + [r for operand in operands[1 if written else 0:]
-                                for r in _registers(operand)])
-        in_flight = {poll for poll in in_flight if not set(poll) & touched}
+        written, touched = _written_and_touched(instruction)
+        in_flight = {poll for poll in in_flight if not set(poll) & set(touched)}
         if _is_poll(code, i):
-            in_flight.add(tuple(filled))
+            in_flight.add(tuple(written))
     return most
 
 
